@@ -1,0 +1,114 @@
+"""Shared numerics: input checks, the clamped importance ratio and loss aggregation.
+
+Every loss in `rlgates` goes through these few functions, so each rule (the clamp, the masks, the
+three aggregation modes) is written once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as the big trainers
+#: do. exp(20) is about 4.9e8: finite in float32, so extreme inputs give finite losses. Where the
+#: clamp is active the gradient is zero (torch.clamp's rule).
+LOG_RATIO_CLAMP = 20.0
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; everything else (bf16, fp16, fp32) is computed in float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def as_float(x, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Turn `x` into a floating tensor; bf16/fp16 are lifted to float32 (see `compute_dtype`)."""
+    t = torch.as_tensor(x)
+    if not t.is_floating_point():
+        t = t.to(torch.get_default_dtype())
+    if dtype is not None:
+        return t.to(dtype)
+    return t.float() if t.dtype in _LOW_PRECISION else t
+
+
+def check_loss_inputs(logp, logp_old, adv, mask, agg):
+    """Validate `Method.loss` arguments; return (logp, logp_old, adv [B, T], bool mask [B, T])."""
+    for name, t in (("logp", logp), ("logp_old", logp_old), ("adv", adv)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if logp_old.shape != logp.shape:
+        raise ValueError(
+            f"logp_old must have logp's shape {tuple(logp.shape)}, got {tuple(logp_old.shape)}"
+        )
+    B, T = logp.shape
+    if adv.shape == (B,):
+        adv = adv[:, None].expand(B, T)
+    elif adv.shape != (B, T):
+        raise ValueError(f"adv must be [B]=({B},) or [B, T]=({B}, {T}), got {tuple(adv.shape)}")
+    if mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool, device=logp.device)
+    else:
+        if not isinstance(mask, torch.Tensor):
+            raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.shape != (B, T):
+            raise ValueError(f"mask must be [B, T]=({B}, {T}), got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            if not bool(((mask == 0) | (mask == 1)).all()):
+                raise ValueError("mask must be bool or hold only 0 and 1")
+            mask = mask != 0
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    dtype = compute_dtype(logp, logp_old, adv)
+    return logp.to(dtype), logp_old.detach().to(dtype), adv.detach().to(dtype), mask
+
+
+def token_log_ratio(logp, logp_old, mask):
+    """log ρ_t = logp − logp_old, zero on masked tokens (so padding never makes NaN)."""
+    return torch.where(mask, logp - logp_old, 0.0)
+
+
+def sequence_log_ratio(logp, logp_old, mask):
+    """log ρ_s = Σ_t m·(logp − logp_old) / Σ_t m: the log of the geometric mean of token ratios."""
+    lengths = mask.sum(-1).clamp(min=1)
+    return token_log_ratio(logp, logp_old, mask).sum(-1) / lengths
+
+
+def ratio_from_log(log_ratio):
+    """ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP))."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def aggregate(values, mask, agg):
+    """Aggregate a [B, T] matrix over the mask, as DESIGN.md defines the three modes.
+
+    token-mean:           Σ v·m / Σ m
+    seq-mean-token-mean:  mean over sequences with ≥1 token of Σ_t v·m / Σ_t m
+    seq-mean-token-sum:   mean over sequences with ≥1 token of Σ_t v·m
+    A fully masked batch gives 0.
+    """
+    masked = torch.where(mask, values, 0.0)
+    if agg == "token-mean":
+        return masked.sum() / mask.sum().clamp(min=1)
+    lengths = mask.sum(-1)
+    per_seq = masked.sum(-1)
+    if agg == "seq-mean-token-mean":
+        per_seq = per_seq / lengths.clamp(min=1)
+    return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
+
+
+def aggregation_weight(mask, agg):
+    """The weight w_t with aggregate(v) = Σ_t w_t·v_t: the per-token factor in every gradient."""
+    m = mask.to(torch.float64)
+    if agg == "token-mean":
+        return m / m.sum().clamp(min=1)
+    lengths = m.sum(-1, keepdim=True)
+    n_seq = (lengths > 0).sum().clamp(min=1)
+    if agg == "seq-mean-token-mean":
+        return m / lengths.clamp(min=1) / n_seq
+    return m / n_seq
