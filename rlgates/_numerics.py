@@ -13,7 +13,7 @@ import torch
 #: clamp is active the gradient is zero (torch.clamp's rule).
 LOG_RATIO_CLAMP = 20.0
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -34,7 +34,7 @@ def as_float(x, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 def check_loss_inputs(logp, logp_old, adv, mask, agg):
-    """Validate `Method.loss` arguments; return (logp, logp_old, adv [B, T], bool mask [B, T])."""
+    """Validate `Method.loss` arguments; return (logp, logp_old, adv [B, 1|T], bool mask [B, T])."""
     for name, t in (("logp", logp), ("logp_old", logp_old), ("adv", adv)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -48,7 +48,7 @@ def check_loss_inputs(logp, logp_old, adv, mask, agg):
         )
     B, T = logp.shape
     if adv.shape == (B,):
-        adv = adv[:, None].expand(B, T)
+        adv = adv[:, None]  # [B, 1]: broadcasts, and per-sequence work stays per sequence
     elif adv.shape != (B, T):
         raise ValueError(f"adv must be [B]=({B},) or [B, T]=({B}, {T}), got {tuple(adv.shape)}")
     if mask is None:
@@ -90,7 +90,14 @@ def aggregate(values, mask, agg):
     token-mean:           Σ v·m / Σ m
     seq-mean-token-mean:  mean over sequences with ≥1 token of Σ_t v·m / Σ_t m
     seq-mean-token-sum:   mean over sequences with ≥1 token of Σ_t v·m
+    seq-mean-token-sum-norm (Dr. GRPO's constant normalizer):
+                          mean over sequences with ≥1 token of Σ_t v·m / T, T = mask.shape[-1]
     A fully masked batch gives 0.
+
+    seq-mean-token-sum-norm follows the trainer that divides by batch × max length (per-sequence
+    token sums over the padded length T, then the batch mean); another trainer divides the total
+    by T alone, which is ours times the number of sequences. Pad to a fixed generation budget so
+    that T, and with it the normalizer, stays constant during training.
     """
     masked = torch.where(mask, values, 0.0)
     if agg == "token-mean":
@@ -99,6 +106,8 @@ def aggregate(values, mask, agg):
     per_seq = masked.sum(-1)
     if agg == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
+    elif agg == "seq-mean-token-sum-norm":
+        per_seq = per_seq / max(mask.shape[-1], 1)
     return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
 
 
@@ -111,4 +120,6 @@ def aggregation_weight(mask, agg):
     n_seq = (lengths > 0).sum().clamp(min=1)
     if agg == "seq-mean-token-mean":
         return m / lengths.clamp(min=1) / n_seq
+    if agg == "seq-mean-token-sum-norm":
+        return m / max(m.shape[-1], 1) / n_seq
     return m / n_seq

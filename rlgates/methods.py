@@ -135,10 +135,12 @@ class SignClip(Method):
         self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
 
     def _weight(self, ratio, adv):
-        # torch.where (not min/max) so that autograd's derivative at an edge is exactly the gate's.
-        upper = torch.where(ratio < self.high, ratio, self.high)
-        lower = torch.where(ratio > self.low, ratio, self.low)
-        return torch.where(adv > 0, upper, lower)
+        # f = ρ inside the gate, else the edge on A's side. torch.where (not min/max or clamp)
+        # makes autograd's derivative at an edge exactly the gate's (strict inequalities).
+        pos = adv > 0
+        inside = torch.where(pos, ratio < self.high, ratio > self.low)
+        edge = torch.where(pos, ratio.new_tensor(self.high), ratio.new_tensor(self.low))
+        return torch.where(inside, ratio, edge)
 
     def _gate(self, ratio, adv):
         open_pos = (adv > 0) & (ratio < self.high)
@@ -289,8 +291,9 @@ class SAPO(Method):
         return 4 / tau * torch.sigmoid(tau * (ratio - 1))
 
     def _gate(self, ratio, adv):
-        s = torch.sigmoid(self._tau(adv) * (ratio - 1))
-        return 4 * s * (1 - s)
+        x = self._tau(adv) * (ratio - 1)
+        # sech²(x/2) = 4σ(x)(1−σ(x)); the cosh form stays ≤ 1 and keeps relative precision far out
+        return torch.cosh(x / 2).pow(-2)
 
 
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (PPO, GRPO, DAPO, SAO, SAPO, GSPO)}

@@ -106,7 +106,7 @@ def policy_step(policy, optimizer, method, tokens, logp_old, adv, mask=None, agg
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, group=8, length=16,

@@ -1,0 +1,158 @@
+"""Loss forward + backward throughput of every method beside a plain trainer-style reference.
+
+    python benchmarks/bench.py                 # 1M and 8M tokens, cpu (and cuda if present)
+    python benchmarks/bench.py --tokens 1 --devices cpu --methods ppo sapo
+
+For each (method, size, device) it prints the time per step of rlgates and of the reference
+(`rlgates.reference`, the big trainers' eager style) run in the same process, their ratio
+(rlgates / reference: ≤ 1.0 means no slower), and the peak memory of each. Peak memory is measured
+in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
+torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
+training lab's throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import rlgates
+from rlgates import reference
+
+METHODS = ["ppo", "grpo", "dapo", "sao", "sapo", "gspo"]
+
+
+def make_inputs(tokens, device, dtype=torch.float32, seed=0):
+    T = 1024 if tokens <= 2**20 else 2048
+    B = tokens // T
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    logp_old = (-torch.rand(B, T, generator=g) * 3).to(device, dtype)
+    logp = (logp_old.float().cpu() + 0.2 * torch.randn(B, T, generator=g)).to(device, dtype)
+    adv = torch.randn(B, generator=g).to(device, dtype)
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)
+    return logp, logp_old, adv, mask
+
+
+def step_fn(name, impl):
+    m = rlgates.get(name)
+    agg = "seq-mean-token-mean" if name in ("gspo", "sapo") else "token-mean"
+    if impl == "rlgates":
+        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg)
+    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, **m.hparams)
+
+
+def one_step(fn, logp, logp_old, adv, mask):
+    leaf = logp.detach().requires_grad_(True)
+    fn(leaf, logp_old, adv, mask).backward()
+    return leaf.grad
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_pair(name, tokens, device, reps):
+    """Median seconds per step of rlgates and the reference, interleaved to share the noise."""
+    inputs = make_inputs(tokens, device)
+    fns = {impl: step_fn(name, impl) for impl in ("rlgates", "reference")}
+    for fn in fns.values():  # warm up
+        one_step(fn, *inputs)
+    times = {impl: [] for impl in fns}
+    for _ in range(reps):
+        for impl, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            one_step(fn, *inputs)
+            sync(device)
+            times[impl].append(time.perf_counter() - start)
+    return {impl: statistics.median(t) for impl, t in times.items()}
+
+
+def peak_memory_child(name, impl, tokens, device):
+    """Run in a subprocess: the extra peak memory (bytes) of one step over its inputs."""
+    inputs = make_inputs(tokens, device)
+    fn = step_fn(name, impl)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        one_step(fn, *inputs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    one_step(fn, *inputs)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
+
+
+def peak_memory(name, impl, tokens, device):
+    code = (f"import json, sys; sys.path.insert(0, 'benchmarks'); import bench; "
+            f"print(json.dumps(bench.peak_memory_child({name!r}, {impl!r}, {tokens}, {device!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def slider_redraw_ms(n=20):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    box = rlgates.explore("dapo")
+    start = time.perf_counter()
+    for i in range(n):
+        box.sliders["eps_high"].value = 0.3 + 0.01 * (i % 10)
+    return (time.perf_counter() - start) / n * 1000
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8], help="millions (2^20)")
+    parser.add_argument("--devices", nargs="+", default=None)
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args(argv)
+    devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
+          "ratio = rlgates / reference time (≤ 1.0 is no slower)")
+    header = (f"{'method':<6} {'tokens':>6} {'device':<6} {'rlgates ms':>11} {'ref ms':>9} "
+              f"{'ratio':>6} {'rlgates MB':>11} {'ref MB':>8} {'mem ratio':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for device in devices:
+        for millions in args.tokens:
+            tokens = millions * 2**20
+            for name in args.methods:
+                t = time_pair(name, tokens, device, args.reps)
+                if args.no_memory:
+                    mem = {"rlgates": float("nan"), "reference": float("nan")}
+                else:
+                    mem = {impl: peak_memory(name, impl, tokens, device) / 2**20
+                           for impl in ("rlgates", "reference")}
+                row = (name, f"{millions}M", device, t["rlgates"] * 1e3, t["reference"] * 1e3,
+                       t["rlgates"] / t["reference"], mem["rlgates"], mem["reference"],
+                       mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"))
+                rows.append(row)
+                print(f"{row[0]:<6} {row[1]:>6} {row[2]:<6} {row[3]:>11.1f} {row[4]:>9.1f} "
+                      f"{row[5]:>6.2f} {row[6]:>11.0f} {row[7]:>8.0f} {row[8]:>9.2f}", flush=True)
+    print(f"\nslider redraw (dapo, blitted PNG): {slider_redraw_ms():.1f} ms per move")
+    try:
+        from lab_throughput import lab_throughput
+    except ImportError:
+        return rows
+    for device in devices:
+        print(f"lab throughput on {device}: {lab_throughput(device)}")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, "benchmarks")
+    main()

@@ -1,0 +1,79 @@
+"""Plain reference implementations in the big trainers' eager style.
+
+Written independently of `rlgates.methods` (no shared code beyond torch), the way open-source
+trainers write these losses: the max of an unclipped and a clipped loss, torch.clamp, and a
+mask multiplied in. The tests check `rlgates` against these in float64; the benchmark times both.
+`safety_eps` is the small constant some trainers add to denominators (1e-8); 0 reproduces the
+exact definitions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def agg_loss(loss_mat, mask, agg, safety_eps=0.0):
+    mask = mask.to(loss_mat.dtype)
+    if agg == "token-mean":
+        return (loss_mat * mask).sum() / (mask.sum() + safety_eps) if mask.sum() > 0 else \
+            (loss_mat * mask).sum()
+    token_count = mask.sum(-1)
+    seq_loss = (loss_mat * mask).sum(-1)
+    if agg == "seq-mean-token-mean":
+        seq_loss = seq_loss / token_count.clamp(min=1)
+    elif agg == "seq-mean-token-sum-norm":  # Dr. GRPO: a constant normalizer, the padded length
+        seq_loss = seq_loss / mask.shape[-1]
+    seq_mask = (token_count > 0).to(loss_mat.dtype)
+    if seq_mask.sum() == 0:
+        return (seq_loss * seq_mask).sum()
+    return (seq_loss * seq_mask).sum() / (seq_mask.sum() + safety_eps)
+
+
+def _ratio(logp, logp_old):
+    return torch.exp(torch.clamp(logp - logp_old, min=-20.0, max=20.0))
+
+
+def clip_loss(logp, logp_old, adv, mask, agg, eps_low=0.2, eps_high=0.2, safety_eps=0.0):
+    """PPO / GRPO / DAPO: max(−A·ρ, −A·clip(ρ, 1−ε_l, 1+ε_h)), aggregated."""
+    ratio = _ratio(logp, logp_old)
+    losses1 = -adv * ratio
+    losses2 = -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    return agg_loss(torch.maximum(losses1, losses2), mask, agg, safety_eps)
+
+
+def gspo_loss(logp, logp_old, adv, mask, agg, eps_low=3e-4, eps_high=4e-4, safety_eps=0.0):
+    """GSPO-token: s_t = sg(ρ_s)·π_t/sg(π_t), then the clipped loss."""
+    m = mask.to(logp.dtype)
+    seq_log_ratio = ((logp - logp_old) * m).sum(-1) / m.sum(-1).clamp(min=1)
+    log_s = logp - logp.detach() + seq_log_ratio.detach()[:, None]
+    s = torch.exp(torch.clamp(log_s, min=-20.0, max=20.0))
+    losses1 = -adv * s
+    losses2 = -adv * torch.clamp(s, 1 - eps_low, 1 + eps_high)
+    return agg_loss(torch.maximum(losses1, losses2), mask, agg, safety_eps)
+
+
+def sapo_loss(logp, logp_old, adv, mask, agg, tau_pos=1.0, tau_neg=1.05, safety_eps=0.0):
+    """SAPO: −(4/τ)·σ(τ(ρ−1))·A with τ chosen by the sign of A."""
+    ratio = _ratio(logp, logp_old)
+    tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype),
+                      torch.as_tensor(tau_neg, dtype=adv.dtype))
+    return agg_loss(-torch.sigmoid(tau * (ratio - 1)) * (4.0 / tau) * adv, mask, agg, safety_eps)
+
+
+def sao_loss(logp, logp_old, adv, mask, agg, eps_low=0.3, eps_high=5.0, safety_eps=0.0):
+    """SAO: −clip(ρ, 1−ε_l, 1+ε_h)·A, whatever the sign of A."""
+    ratio = _ratio(logp, logp_old)
+    return agg_loss(-torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv, mask, agg, safety_eps)
+
+
+def reference_loss(name, logp, logp_old, adv, mask, agg, **hparams):
+    """The reference loss for a registry name, with rlgates' hyperparameter names."""
+    if adv.dim() == 1:
+        adv = adv[:, None].expand_as(logp)
+    if name in ("ppo", "grpo"):
+        eps = hparams.get("eps", 0.2)
+        return clip_loss(logp, logp_old, adv, mask, agg, eps, eps)
+    table = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss}
+    if name not in table:
+        raise ValueError(f"no reference for {name!r}")
+    return table[name](logp, logp_old, adv, mask, agg, **hparams)

@@ -1,0 +1,156 @@
+"""Bad input gives clear errors; extreme and low-precision input keeps sane numbers."""
+
+import pytest
+import torch
+
+import rlgates
+from tests.conftest import PART_ONE, make_batch
+
+
+def test_unknown_method_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown method 'trpo'.*ppo.*gspo"):
+        rlgates.get("trpo")
+
+
+def test_names_are_case_insensitive():
+    assert rlgates.get("PPO").name == "ppo"
+
+
+@pytest.mark.parametrize("name, hparams, match", [
+    ("ppo", {"eps": -0.1}, "eps must be ≥ 0"),
+    ("ppo", {"eps": 1.0}, "eps must be < 1"),
+    ("grpo", {"eps": float("nan")}, "eps must be finite"),
+    ("dapo", {"eps_low": 1.0}, "eps_low must be < 1"),
+    ("dapo", {"eps_low": -0.01}, "eps_low must be ≥ 0"),
+    ("dapo", {"eps_high": -0.2}, "eps_high must be ≥ 0"),
+    ("sao", {"eps_low": 1.5}, "eps_low must be < 1"),
+    ("gspo", {"eps_high": "wide"}, "eps_high must be a number"),
+    ("sapo", {"tau_pos": 0.0}, "tau_pos must be > 0"),
+    ("sapo", {"tau_neg": -1.0}, "tau_neg must be > 0"),
+    ("ppo", {"epsilon": 0.1}, "unknown hyperparameter.*epsilon.*takes eps"),
+    ("dapo", {"eps": 0.1}, "unknown hyperparameter.*eps_low, eps_high"),
+])
+def test_bad_hyperparameters(name, hparams, match):
+    with pytest.raises(ValueError, match=match):
+        rlgates.get(name, **hparams)
+
+
+def test_defaults_follow_the_papers():
+    assert rlgates.get("ppo").hparams == {"eps": 0.2}
+    assert rlgates.get("grpo").hparams == {"eps": 0.2}
+    assert rlgates.get("dapo").hparams == {"eps_low": 0.2, "eps_high": 0.28}
+    assert rlgates.get("gspo").hparams == {"eps_low": 3e-4, "eps_high": 4e-4}
+    assert rlgates.get("sapo").hparams == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert rlgates.get("sao").hparams == {"eps_low": 0.3, "eps_high": 5.0}
+    assert [rlgates.get(n).level for n in PART_ONE] == ["token"] * 5 + ["sequence"]
+
+
+def test_bad_loss_inputs_name_the_argument():
+    m = rlgates.get("ppo")
+    logp, logp_old, adv, mask = make_batch(B=3, T=4)
+    cases = [
+        ((logp[:, :3], logp_old, adv, mask), r"logp_old must have logp's shape \(3, 3\), got \(3, 4\)"),
+        ((logp, logp_old, adv[:2], mask), r"adv must be \[B\]=\(3,\) or \[B, T\]=\(3, 4\), got \(2,\)"),
+        ((logp, logp_old, adv, mask[:, :2]), r"mask must be \[B, T\]=\(3, 4\), got \(3, 2\)"),
+        ((logp.long(), logp_old, adv, mask), "logp must be a floating tensor, got dtype torch.int64"),
+        ((logp[0], logp_old[0], adv, None), r"logp must be \[B, T\], got shape \(4,\)"),
+        ((logp.tolist(), logp_old, adv, mask), "logp must be a torch.Tensor, got list"),
+        ((logp, logp_old, adv, mask.double() * 2), "mask must be bool or hold only 0 and 1"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            m.loss(*args)
+    with pytest.raises(ValueError, match=r"agg must be one of .*token-mean.*got 'mean'"):
+        m.loss(logp, logp_old, adv, mask, agg="mean")
+
+
+def test_mask_may_be_bool_or_01(name):
+    m = rlgates.get(name)
+    logp, logp_old, adv, mask = make_batch()
+    assert torch.equal(m.loss(logp, logp_old, adv, mask), m.loss(logp, logp_old, adv, mask.long()))
+    assert torch.equal(m.loss(logp, logp_old, adv, mask), m.loss(logp, logp_old, adv, mask.double()))
+
+
+@pytest.mark.parametrize("extreme", [200.0, -200.0, 1e6])
+def test_extreme_log_ratios_give_finite_loss_and_gradients(name, agg, extreme):
+    logp, logp_old, adv, mask = make_batch()
+    logp = logp.clone()
+    logp[0, :3] = logp_old[0, :3] + extreme
+    logp[2, 0] = logp_old[2, 0] - extreme
+    leaf = logp.requires_grad_(True)
+    loss = rlgates.get(name).loss(leaf, logp_old, adv, mask, agg)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(leaf.grad).all()
+
+
+def test_padding_with_nan_or_inf_is_ignored(name, agg):
+    logp, logp_old, adv, mask = make_batch()
+    dirty = logp.clone()
+    dirty[~mask] = torch.nan
+    dirty_old = logp_old.clone()
+    dirty_old[~mask] = -torch.inf
+    m = rlgates.get(name)
+    leaf = dirty.requires_grad_(True)
+    loss = m.loss(leaf, dirty_old, adv, mask, agg)
+    loss.backward()
+    assert torch.equal(loss, m.loss(logp, logp_old, adv, mask, agg))
+    assert torch.isfinite(leaf.grad).all() and (leaf.grad[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_low_precision_keeps_float64_gate_decisions(name, dtype):
+    logp, logp_old, adv, mask = make_batch(B=64, T=32, scale=0.3, seed=7)
+    if name == "gspo":
+        logp = logp_old + 3e-4 * torch.randn_like(logp)
+    # the same numbers in both precisions: round to `dtype` first, then lift to float64
+    lo, lo_old, a = (x.to(dtype) for x in (logp, logp_old, adv))
+    m = rlgates.get(name)
+    leaf = lo.clone().requires_grad_(True)
+    loss = m.loss(leaf, lo_old, a, mask)
+    assert loss.dtype == torch.float32  # computed in float32 inside
+    loss.backward()
+    assert leaf.grad.dtype == dtype
+    ref = lo.double().requires_grad_(True)
+    m.loss(ref, lo_old.double(), a.double(), mask).backward()
+    if name == "sapo":  # a smooth gate: no zeros, so compare values instead of decisions
+        assert torch.allclose(leaf.grad.double(), ref.grad, rtol=1e-2, atol=1e-6)
+    else:
+        assert torch.equal(leaf.grad != 0, ref.grad != 0)
+        assert (ref.grad == 0).any() or name == "sao" or mask.sum() == 0
+
+
+def test_gate_decisions_on_low_precision_ratios_match_float64(name):
+    ratio = torch.linspace(-1, 1, 2001, dtype=torch.float64).exp()
+    adv = torch.linspace(-1, 1, 7, dtype=torch.float64)[:, None]
+    m = rlgates.get(name)
+    for dtype in (torch.bfloat16, torch.float16):
+        r, a = ratio.to(dtype), adv.to(dtype)
+        assert m.gate(r, a).dtype == torch.float32
+        assert torch.equal(m.gate(r, a) > 0, m.gate(r.double(), a.double()) > 0)
+
+
+def test_fully_masked_sequence_contributes_nothing(name, agg):
+    logp, logp_old, adv, mask = make_batch()
+    m = rlgates.get(name)
+    changed = logp.clone()
+    changed[1] += 5.0  # row 1 is fully masked
+    assert torch.equal(m.loss(logp, logp_old, adv, mask, agg), m.loss(changed, logp_old, adv, mask, agg))
+    if agg != "token-mean":  # the mean over sequences skips it
+        keep = mask.any(-1)
+        sub = m.loss(logp[keep], logp_old[keep], adv[keep], mask[keep], agg)
+        assert torch.allclose(sub, m.loss(logp, logp_old, adv, mask, agg), rtol=1e-15, atol=0)
+
+
+def test_fully_masked_batch_gives_zero_not_nan(name, agg):
+    logp, logp_old, adv, mask = make_batch()
+    leaf = logp.clone().requires_grad_(True)
+    loss = rlgates.get(name).loss(leaf, logp_old, adv, torch.zeros_like(mask), agg)
+    loss.backward()
+    assert loss.item() == 0.0 and (leaf.grad == 0).all()
+
+
+def test_gradients_flow_into_logp_only(name):
+    logp, logp_old, adv, mask = make_batch()
+    leaves = [x.clone().requires_grad_(True) for x in (logp, logp_old, adv)]
+    rlgates.get(name).loss(*leaves, mask).backward()
+    assert leaves[0].grad is not None and leaves[1].grad is None and leaves[2].grad is None

@@ -1,0 +1,111 @@
+"""The plane grids and the figures: values, colours, labels, bounds, sliders and Table 1."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import rlgates  # noqa: E402
+from tests.conftest import PART_ONE  # noqa: E402
+
+
+def test_plane_grid_matches_the_elementwise_functions(name):
+    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim_=0.5, n=41)
+    assert p.gate.shape == p.signal.shape == (41, 41)
+    assert p.adv[0] == -2.0 and p.log_ratio[-1] == 0.5
+    ratio = np.exp(p.log_ratio)[:, None]
+    assert np.allclose(p.signal, p.gate * ratio * p.adv[None, :], rtol=1e-15, atol=0)
+
+
+def test_ppo_plane_has_its_four_regions():
+    p = rlgates.plane("ppo", log_ratio_lim_=0.6, n=61)
+    A, lr = np.meshgrid(p.adv, p.log_ratio)
+    assert (p.signal[(A > 0) & (lr < np.log(1.2) - 1e-9)] > 0).all()  # encourage
+    assert (p.signal[(A < 0) & (lr > np.log(0.8) + 1e-9)] < 0).all()  # discourage
+    assert (p.gate[(A > 0) & (lr > np.log(1.2))] == 0).all()
+    assert (p.gate[(A < 0) & (lr < np.log(0.8))] == 0).all()
+
+
+def _dashed_levels(ax):
+    return sorted({round(float(y), 12) for line in ax.lines if line.get_linestyle() == "--"
+                   for y in line.get_ydata()})
+
+
+def test_gate_signal_figure_is_labelled_and_draws_the_bounds(name):
+    fig = rlgates.plot_gate_signal(name)
+    left, right = fig.axes[:2]
+    m = rlgates.get(name)
+    A, r = ("A_s", r"\rho_s") if name == "gspo" else ("A_t", r"\rho_t")
+    assert A in left.get_xlabel() and r in left.get_ylabel() and A in right.get_xlabel()
+    assert left.get_shared_y_axes().joined(left, right)
+    bars = [ax for ax in fig.axes[2:]]
+    assert len(bars) == 2 and all(ax.get_ylabel() for ax in bars)
+    if m.bounds():
+        expected = sorted({round(float(np.log(b)), 12) for b, _ in m.bounds()})
+        assert _dashed_levels(left) == expected and _dashed_levels(right) == expected
+    else:  # SAPO: the gate's half-height contour stands in for a bound
+        assert left.collections
+    plt.close(fig)
+
+
+def test_colours_encourage_red_discourage_blue():
+    fig = rlgates.plot_gate_signal("ppo")
+    signal = fig.axes[1].images[0]
+    cmap = signal.get_cmap()
+    red, blue, white = cmap(1.0), cmap(0.0), cmap(0.5)
+    assert red[0] > red[2] and blue[2] > blue[0] and min(white[:3]) > 0.9
+    assert signal.get_clim()[0] == -signal.get_clim()[1]  # zero sits at white
+    plt.close(fig)
+
+
+def test_ppo_regions_figure():
+    fig = rlgates.plot_ppo_regions(eps=0.2)
+    ax = fig.axes[0]
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "encourage" in texts and "discourage" in texts and texts.count("zero") == 2
+    assert _dashed_levels(ax) == sorted([round(np.log(0.8), 12), round(np.log(1.2), 12)])
+    assert ax.get_legend() is not None and "A_t" in ax.get_xlabel()
+    plt.close(fig)
+
+
+def test_sliders_redraw_the_figure():
+    box = rlgates.explore("dapo")
+    before = box.children[-1].value
+    box.sliders["eps_high"].value = 0.5
+    assert box.children[-1].value != before
+    assert box.panels.method.hparams["eps_high"] == 0.5
+    slider = box.sliders["eps_low"]
+    slider.max, slider.value = 1.5, 1.2  # invalid for rlgates: an error message, no crash
+    assert "eps_low must be < 1" in box.children[1].value
+    slider.value = 0.3
+    assert box.children[1].value == "" and box.panels.method.hparams["eps_low"] == 0.3
+
+
+def test_small_multiples_share_one_scale():
+    fig = rlgates.plot_small_multiples("sapo", "tau_neg", [0.5, 1.05, 3.0])
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == 3 and len({im.get_clim() for im in images}) == 1
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["tau_neg = 0.5", "tau_neg = 1.05", "tau_neg = 3"]
+    with pytest.raises(ValueError, match="panel"):
+        rlgates.plot_small_multiples("sapo", "tau_neg", [1.0], panel="weight")
+    plt.close("all")
+
+
+def test_table_one_is_generated_from_the_methods():
+    md = rlgates.table()
+    lines = md.splitlines()
+    assert len(lines) == 2 + 5  # header, rule, PPO/GRPO, DAPO, GSPO, SAPO, SAO
+    for name in ("ppo", "grpo", "dapo", "gspo", "sapo", "sao"):
+        m = rlgates.get(name)
+        assert m.title in md and m.date in md
+        if name != "grpo":
+            assert m.f_latex in md and m.gate_latex in md and m.insight in md
+    assert all(line.count("|") == 5 for line in lines)
+
+
+def test_methods_carry_their_paper_and_latex():
+    for name in PART_ONE:
+        m = rlgates.get(name)
+        assert "arXiv:" in m.paper and m.f_latex and m.gate_latex and m.insight
