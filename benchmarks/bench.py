@@ -14,31 +14,36 @@ training lab's throughput.
 from __future__ import annotations
 
 import argparse
-import json
-import resource
+import os
 import statistics
-import subprocess
 import sys
 import time
+import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import rlgates
 from rlgates import reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 METHODS = ["ppo", "grpo", "dapo", "sao", "sapo", "gspo"]
 
 
 def make_inputs(tokens, device, dtype=torch.float32, seed=0):
+    """Ragged [B, T] inputs, made in place so that making them needs no large temporaries."""
     T = 1024 if tokens <= 2**20 else 2048
     B = tokens // T
     g = torch.Generator(device="cpu").manual_seed(seed)
-    logp_old = (-torch.rand(B, T, generator=g) * 3).to(device, dtype)
-    logp = (logp_old.float().cpu() + 0.2 * torch.randn(B, T, generator=g)).to(device, dtype)
-    adv = torch.randn(B, generator=g).to(device, dtype)
+    logp_old = torch.rand(B, T, generator=g).mul_(-3)
+    logp = torch.randn(B, T, generator=g).mul_(0.2).add_(logp_old)
+    adv = torch.randn(B, generator=g)
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)
-    return logp, logp_old, adv, mask
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device)
+                 for x in (logp, logp_old, adv, mask))
 
 
 def step_fn(name, impl):
@@ -77,10 +82,43 @@ def time_pair(name, tokens, device, reps):
     return {impl: statistics.median(t) for impl, t in times.items()}
 
 
-def peak_memory_child(name, impl, tokens, device):
-    """Run in a subprocess: the extra peak memory (bytes) of one step over its inputs."""
-    inputs = make_inputs(tokens, device)
+class PeakTensorMemory(TorchDispatchMode):
+    """Counts the bytes of every tensor storage an op creates, until it is freed; keeps the peak.
+
+    Storages that exist before the mode starts (the inputs) are not counted, so the peak is the
+    extra memory of the step. Deterministic, unlike sampling the process's RSS.
+    """
+
+    def __init__(self, *existing):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen = {t.untyped_storage().data_ptr() for t in existing}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or key in self.seen:
+                continue
+            self.seen.add(key)
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key, size)
+        return out
+
+    def _free(self, key, size):
+        self.live -= size
+        self.seen.discard(key)
+
+
+def peak_memory(name, impl, tokens, device):
+    """Extra peak memory (bytes) of one step over its inputs."""
     fn = step_fn(name, impl)
+    inputs = make_inputs(tokens, device)
+    one_step(fn, *inputs)  # warm up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -88,16 +126,9 @@ def peak_memory_child(name, impl, tokens, device):
         one_step(fn, *inputs)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    one_step(fn, *inputs)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
-
-
-def peak_memory(name, impl, tokens, device):
-    code = (f"import json, sys; sys.path.insert(0, 'benchmarks'); import bench; "
-            f"print(json.dumps(bench.peak_memory_child({name!r}, {impl!r}, {tokens}, {device!r})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with PeakTensorMemory(*inputs) as tracker:
+        one_step(fn, *inputs)
+    return tracker.peak
 
 
 def slider_redraw_ms(n=20):
@@ -154,5 +185,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, "benchmarks")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     main()

@@ -16,6 +16,16 @@ SLIDER_RANGES = {
     "tau_neg": (0.1, 5.0, 0.05),
     "c": (1.05, 10.0, 0.05),
 }
+#: Per-method overrides, where a method's scale differs (GSPO's ε are ~1e-4).
+METHOD_SLIDER_RANGES = {
+    "gspo": {"eps_low": (0.0, 2e-3, 1e-5), "eps_high": (0.0, 2e-3, 1e-5)},
+}
+
+
+def slider_range(name, key, value):
+    """(min, max, step) of the slider for hyperparameter `key` of method `name`."""
+    override = METHOD_SLIDER_RANGES.get(name, {}).get(key)
+    return override or SLIDER_RANGES.get(key, (0.0, max(2 * value, 1.0), 0.01))
 
 
 def explore(name, **panel_kwargs):
@@ -38,7 +48,7 @@ def explore(name, **panel_kwargs):
     image = w.Image(value=panels.png(), format="png")
     sliders = {}
     for key, value in method.hparams.items():
-        lo, hi, step = SLIDER_RANGES.get(key, (0.0, max(2 * value, 1.0), 0.01))
+        lo, hi, step = slider_range(method.name, key, value)
         sliders[key] = w.FloatSlider(value=value, min=lo, max=hi, step=step, description=key,
                                      readout_format=".3g", continuous_update=True)
 

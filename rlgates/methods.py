@@ -157,8 +157,8 @@ class PPO(SignClip):
     defaults = {"eps": 0.2}
     f_latex = (r"\begin{cases}\min(\rho_t,\,1+\epsilon) & A_t>0\\"
                r"\max(\rho_t,\,1-\epsilon) & A_t\le 0\end{cases}")
-    gate_latex = (r"\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon]"
-                  r"+\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon]")
+    gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon]"
+                  r"\\+\,\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon]\end{gathered}")
     insight = (
         "A hard gate whose open side depends on the sign of A: a token stops once it has "
         "moved far enough."
@@ -184,8 +184,8 @@ class DAPO(SignClip):
     paper = "Yu et al. 2025, DAPO, arXiv:2503.14476"
     f_latex = (r"\begin{cases}\min(\rho_t,\,1+\epsilon_h) & A_t>0\\"
                r"\max(\rho_t,\,1-\epsilon_l) & A_t\le 0\end{cases}")
-    gate_latex = (r"\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
-                  r"+\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon_l]")
+    gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
+                  r"\\+\,\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon_l]\end{gathered}")
     insight = (
         "Clip-higher: a larger ε_h keeps the gate open longer for tokens the policy is "
         "learning to prefer, often rare ones."
@@ -205,8 +205,8 @@ class GSPO(SignClip):
     defaults = {"eps_low": 3e-4, "eps_high": 4e-4}
     f_latex = (r"\begin{cases}\min(\rho_s,\,1+\epsilon_h) & A_s>0\\"
                r"\max(\rho_s,\,1-\epsilon_l) & A_s\le 0\end{cases}")
-    gate_latex = (r"\mathbf{1}[A_s>0,\ \rho_s<1+\epsilon_h]"
-                  r"+\mathbf{1}[A_s<0,\ \rho_s>1-\epsilon_l]")
+    gate_latex = (r"\begin{gathered}\mathbf{1}[A_s>0,\ \rho_s<1+\epsilon_h]"
+                  r"\\+\,\mathbf{1}[A_s<0,\ \rho_s>1-\epsilon_l]\end{gathered}")
     insight = (
         "DAPO's gate moved to whole responses: one clip decision per sequence, at a tiny "
         "ε."
@@ -268,10 +268,11 @@ class SAPO(Method):
     name, title, date = "sapo", "SAPO", "November 2025"
     paper = "Gao et al. (Qwen team) 2025, Soft Adaptive Policy Optimization, arXiv:2511.20347"
     defaults = {"tau_pos": 1.0, "tau_neg": 1.05}
-    f_latex = (r"\tfrac{4}{\tau_t}\,\sigma\!\big(\tau_t(\rho_t-1)\big),\ "
-               r"\tau_t=\tau_{\rm pos}\text{ if }A_t>0\text{ else }\tau_{\rm neg}")
-    gate_latex = (r"4\sigma\big(\tau_t(\rho_t-1)\big)\big(1-\sigma(\tau_t(\rho_t-1))\big)"
-                  r"=\operatorname{sech}^2\!\big(\tfrac{\tau_t(\rho_t-1)}{2}\big)")
+    f_latex = (r"\begin{gathered}\tfrac{4}{\tau_t}\,\sigma\!\big(\tau_t(\rho_t-1)\big),\\ "
+               r"\tau_t=\tau_{\rm pos}\text{ if }A_t>0\text{ else }\tau_{\rm neg}\end{gathered}")
+    gate_latex = (r"\begin{gathered}4\sigma\big(\tau_t(\rho_t-1)\big)"
+                  r"\big(1-\sigma(\tau_t(\rho_t-1))\big)"
+                  r"\\=\operatorname{sech}^2\!\big(\tfrac{\tau_t(\rho_t-1)}{2}\big)\end{gathered}")
     insight = (
         "The gate fades smoothly instead of snapping shut; τ_neg > τ_pos makes it fade "
         "faster for negative advantages."

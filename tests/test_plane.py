@@ -109,3 +109,9 @@ def test_methods_carry_their_paper_and_latex():
     for name in PART_ONE:
         m = rlgates.get(name)
         assert "arXiv:" in m.paper and m.f_latex and m.gate_latex and m.insight
+
+
+def test_gspo_sliders_keep_its_tiny_defaults():
+    box = rlgates.explore("gspo")
+    assert box.sliders["eps_low"].value == 3e-4 and box.sliders["eps_high"].value == 4e-4
+    assert box.sliders["eps_high"].step <= 1e-5
