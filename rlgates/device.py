@@ -18,3 +18,43 @@ def device() -> torch.device:
 def on_accelerator(dev=None) -> bool:
     """True on cuda or mps: demos then choose their large configuration."""
     return torch.device(dev or device()).type != "cpu"
+
+
+def synchronize(dev) -> None:
+    """Wait for queued kernels, so that a wall-clock time covers the work (no-op on the CPU)."""
+    kind = torch.device(dev).type
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def time_step(step, dev, reps: int = 20, warmup: int = 3) -> float:
+    """Seconds per call of the zero-argument `step`, after `warmup` calls, synchronised on `dev`."""
+    import time
+
+    for _ in range(warmup):
+        step()
+    synchronize(dev)
+    start = time.perf_counter()
+    for _ in range(reps):
+        step()
+    synchronize(dev)
+    return (time.perf_counter() - start) / reps
+
+
+def compare_devices(make_step, dev, reps: int = 20, label: str = "loss + backward") -> dict:
+    """Time the same step on the CPU and on `dev`; print both and the speed-up; return the times.
+
+    `make_step(device)` moves the data to `device` and returns a zero-argument callable that runs
+    one step there.
+    """
+    times = {}
+    for d in dict.fromkeys([torch.device("cpu"), torch.device(dev)]):
+        times[str(d)] = time_step(make_step(d), d, reps)
+    line = ", ".join(f"{d}: {t * 1e3:.2f} ms" for d, t in times.items())
+    if len(times) == 2:
+        cpu, acc = times.values()
+        line += f" (speed-up {cpu / acc:.1f}x)"
+    print(f"{label}: {line}")
+    return times
