@@ -19,6 +19,7 @@ SLIDER_RANGES = {
 #: Per-method overrides, where a method's scale differs (GSPO's ε are ~1e-4).
 METHOD_SLIDER_RANGES = {
     "gspo": {"eps_low": (0.0, 2e-3, 1e-5), "eps_high": (0.0, 2e-3, 1e-5)},
+    "cispo": {"eps_low": (0.0, 1.0, 0.01), "eps_high": (0.0, 10.0, 0.05)},
 }
 
 
@@ -94,10 +95,7 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     for ax, m, p, g, v in zip(axes[0], methods, planes, grids, values, strict=True):
         im = ax.imshow(g, extent=p.extent, origin="lower", aspect="auto", cmap=CMAP,
                        vmin=-vmax, vmax=vmax, interpolation="nearest")
-        draw_edges(ax, m, adv_lim)
-        if not m.bounds():
-            ax.contour(p.adv, p.log_ratio, p.gate, levels=[0.5], colors="black",
-                       linestyles="--", linewidths=1)
+        draw_edges(ax, m, adv_lim, p)
         ax.set_title(f"{param} = {v:g}", fontsize=10)
         ax.set_xlabel(f"${A}$")
     axes[0][0].set_ylabel(rf"$\log {r}$")

@@ -56,11 +56,21 @@ def plane(method, adv_lim=1.0, log_ratio_lim_=None, n=201) -> Plane:
                  method.signal(ratio, a).numpy())
 
 
-def draw_edges(ax, method: Method, adv_lim):
-    """Draw the hard gate's edges as dashed lines on their side of A = 0."""
+def draw_edges(ax, method: Method, adv_lim, grid: Plane | None = None):
+    """Draw the gate's edges: a hard gate's as dashed lines on their side of A = 0; for a smooth
+    gate (no `bounds()`), the dashed curve where it has fallen to one half, computed on `grid`
+    separately for A < 0 and A > 0 (so that a gate that jumps at A = 0 gets no false edge there).
+    """
     for ratio, side in method.bounds():
         x0, x1 = {+1: (0, adv_lim), -1: (-adv_lim, 0), 0: (-adv_lim, adv_lim)}[side]
         ax.plot([x0, x1], [np.log(ratio)] * 2, **EDGE_STYLE)
+    if method.bounds() or grid is None:
+        return
+    for side in (grid.adv < 0, grid.adv > 0):
+        if side.sum() >= 2 and np.ptp(grid.gate[:, side]) > 0:
+            ax.contour(grid.adv[side], grid.log_ratio, grid.gate[:, side], levels=[0.5],
+                       colors=EDGE_STYLE["color"], linestyles=EDGE_STYLE["linestyle"],
+                       linewidths=EDGE_STYLE["linewidth"])
 
 
 class GatePanels:
@@ -120,10 +130,7 @@ class GatePanels:
             self._images[1].set_clim(-smax, smax)
         for ax in self.axes:
             n_lines, n_coll = len(ax.lines), len(ax.collections)
-            draw_edges(ax, method, self.adv_lim)
-            if not method.bounds():  # a smooth gate: mark where it has halved
-                ax.contour(p.adv, p.log_ratio, p.gate, levels=[0.5], colors="black",
-                           linestyles="--", linewidths=1.2)
+            draw_edges(ax, method, self.adv_lim, p)
             self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
         for artist in self._moving:
             artist.set_animated(self.live)

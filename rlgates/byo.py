@@ -1,0 +1,280 @@
+"""Bring your own gate: write a weight f(ρ; A), get its gate, figures, checks and a lab run.
+
+    >>> from rlgates import byo
+    >>> soft = byo.make(lambda r, a, w=0.5: ..., name="soft")   # f(ρ; A) in torch
+    >>> soft.gate(ratio, adv)             # f'(ρ; A), derived from f by autograd
+    >>> print(byo.verify(soft))           # eq. 5 for every agg; f' vs finite differences
+    >>> rlgates.plot_gate_signal(soft)    # the gate | signal panels of Part I
+    >>> byo.plot_profiles(soft, "ppo")    # f and f' against log ρ, for A > 0 and A < 0
+    >>> runs = byo.run_lab(soft, compare=("ppo",))   # train the tiny policy with it
+
+The weight function takes the ratio ρ and the advantage A as tensors of one shape (plus any
+hyperparameters as keyword arguments) and must be elementwise and differentiable in ρ almost
+everywhere: torch.where, clamp, exp, log, sigmoid ... The loss is J = f(ρ; A)·A aggregated as in
+every other method, so autograd gives the gradient f'(ρ; A)·ρ·A·∇log π of eq. 5.
+
+Notes on the derived gate: where f has a kink (a torch.where or clamp edge), autograd picks one
+side (torch.where: the branch selected at that point; clamp: 1 at the bound). At A = 0 the gate
+is whatever f's A ≤ 0 branch gives (the built-in methods report 0 there); the signal is 0 anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import _numerics as nx
+from .methods import REGISTRY, Method, _hparam
+
+
+class CustomMethod(Method):
+    """A Method built from a user's weight function; the gate is f's autograd derivative in ρ.
+
+    Subclasses are made by `make`; each sets `weight_fn` (and optionally `bounds_fn`, `check_fn`).
+    """
+
+    name, title, date = "custom", "Custom gate", "your own"
+    paper = "your own gate (rlgates.byo)"
+    weight_fn = None
+    bounds_fn = None
+    check_fn = None
+
+    def _validate(self):
+        for k, v in self.hparams.items():
+            self.hparams[k] = _hparam(self.name, k, v)
+        if self.check_fn is not None:
+            self.check_fn(**self.hparams)  # raises ValueError on a bad combination
+
+    def _weight(self, ratio, adv):
+        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+        f = type(self).weight_fn(ratio.expand(shape), adv.expand(shape), **self.hparams)
+        f = torch.as_tensor(f, dtype=ratio.dtype, device=ratio.device)
+        if f.shape != shape:
+            raise ValueError(f"{self.name}: the weight function must be elementwise; it returned "
+                             f"shape {tuple(f.shape)} for inputs of shape {tuple(shape)}")
+        return f
+
+    def _gate(self, ratio, adv):
+        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+        with torch.enable_grad():
+            r = ratio.detach().expand(shape).clone().requires_grad_(True)
+            f = self._weight(r, adv.detach().expand(shape))
+            if not f.requires_grad:  # f does not depend on ρ at all
+                return torch.zeros(shape, dtype=ratio.dtype, device=ratio.device)
+            (g,) = torch.autograd.grad(f.sum(), r, allow_unused=True)
+        if g is None:
+            return torch.zeros(shape, dtype=ratio.dtype, device=ratio.device)
+        return g
+
+    def bounds(self):
+        fn = type(self).bounds_fn
+        if fn is None:
+            return []
+        return list(fn(**self.hparams)) if callable(fn) else list(fn)
+
+
+def make(weight, name="custom", *, title=None, bounds=None, check=None, f_latex="",
+         gate_latex="", insight="", register=False, **defaults) -> CustomMethod:
+    """A Method-like object from a weight function f(ρ, A, **hparams).
+
+    weight: elementwise torch function of (ratio, adv) and the hyperparameters.
+    name, title: labels in figures, lab runs and `repr`.
+    bounds: hard gate edges to draw, [(ratio, side)] with side +1 (A>0), −1 (A<0), 0 (both), or a
+        function of the hyperparameters that returns them. Smooth gates leave it out (the figures
+        then draw the contour where the gate has halved).
+    check: optional function of the hyperparameters that raises ValueError on bad values.
+    register: also add it to the registry under `name`, so that rlgates.get(name, ...) and the
+        small-multiples and slider helpers work with it (a built-in name cannot be replaced).
+    defaults: the hyperparameters and their default values (numbers).
+    """
+    if not callable(weight):
+        raise ValueError(f"weight must be a function f(ratio, adv, **hparams), got {weight!r}")
+    key = str(name).lower()
+    attrs = {
+        "name": key, "title": title or name, "defaults": dict(defaults),
+        "weight_fn": staticmethod(weight), "bounds_fn": bounds,
+        "check_fn": staticmethod(check) if check is not None else None,
+        "f_latex": f_latex, "gate_latex": gate_latex, "insight": insight,
+    }
+    cls = type(f"Custom_{key}", (CustomMethod,), attrs)
+    method = cls()
+    if register:
+        old = REGISTRY.get(key)
+        if old is not None and not issubclass(old, CustomMethod):
+            raise ValueError(f"{key!r} is a built-in method; pick another name")
+        REGISTRY[key] = cls
+    return method
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Verification:
+    """What `verify` measured. `ok` is True when eq. 5 holds, f' matches finite differences of f
+    (away from a few kink points) and the gate is never negative."""
+
+    name: str
+    eq5: dict  # agg -> max |autograd − gate·ρ·A·w| over the test batches
+    fd_max: float  # max |f' − finite difference of f| over grid points away from kinks
+    fd_kinks: float  # share of grid points where they disagree (kinks): should be tiny
+    gate_at_one: tuple  # (min, max) of f'(1; A) over A: 1 means "REINFORCE when on-policy"
+    gate_range: tuple  # (min, max) of f' on the grid
+    signal_max: float  # max |f'·ρ·A| on the grid (|A| ≤ 1, |log ρ| ≤ grid_lim)
+    grid_lim: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (max(self.eq5.values()) < 1e-12 and self.fd_kinks < 0.01 and self.fd_max < 1e-5
+                and self.gate_range[0] >= 0)
+
+    def __str__(self):
+        lines = [f"{self.name}: {'all checks pass' if self.ok else 'CHECK FAILED'}"]
+        worst = max(self.eq5.values())
+        lines.append(f"  eq. 5 (autograd = gate·ρ·A·w), worst over {len(self.eq5)} aggregations: "
+                     f"{worst:.1e}")
+        lines.append(f"  gate vs finite differences of f: max error {self.fd_max:.1e} away from "
+                     f"kinks; {100 * self.fd_kinks:.2f}% of grid points at kinks")
+        lo, hi = self.gate_at_one
+        lines.append(f"  gate at ρ = 1: {lo:.3g} to {hi:.3g}   gate range: "
+                     f"[{self.gate_range[0]:.3g}, {self.gate_range[1]:.3g}]   "
+                     f"max |signal| for |log ρ| ≤ {self.grid_lim:g}: {self.signal_max:.3g}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _ragged_batch(seed, scale, B=6, T=9, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    logp_old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    logp = logp_old + scale * torch.randn(B, T, generator=g, dtype=dtype)
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[1] = 0  # one fully masked sequence
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return logp, logp_old, adv, mask
+
+
+def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> Verification:
+    """Check a method (built-in or `make`'s) the way the test suite checks the built-in ones.
+
+    1. eq. 5 (as rlgates.check_gradient): autograd's gradient of `loss` equals
+       gate·ρ·A·(aggregation weight), for every
+       aggregation, on ragged float64 batches (small and large ratio spreads).
+    2. The gate against central finite differences of `weight`, on a grid of log ρ ∈ ±grid_lim
+       and A ∈ {±0.5, ±1}. Isolated disagreements are kinks; many mean f is not what autograd
+       differentiates (a .detach() inside f, say).
+    3. Properties worth knowing: the gate at ρ = 1, its range (a negative gate flips the update's
+       sign), and how large the learning signal can get.
+    """
+    from .methods import get
+
+    method = get(method) if isinstance(method, str) else method
+    eq5 = {}
+    for agg in nx.AGG_MODES:
+        worst = 0.0
+        for seed in seeds:
+            for scale in scales:
+                logp, logp_old, adv, mask = _ragged_batch(seed, scale)
+                leaf = logp.clone().requires_grad_(True)
+                loss = method.loss(leaf, logp_old, adv, mask, agg)
+                auto = (torch.autograd.grad(loss, leaf)[0] if loss.requires_grad
+                        else torch.zeros_like(logp))  # f ignores ρ (or detaches it)
+                closed = method.expected_grad(logp, logp_old, adv, mask, agg)
+                worst = max(worst, float((auto - closed).abs().max()))
+        eq5[agg] = worst
+
+    log_ratio = torch.linspace(-grid_lim, grid_lim, n, dtype=torch.float64)[:, None]
+    adv = torch.tensor([-1.0, -0.5, 0.5, 1.0], dtype=torch.float64)[None, :]
+    ratio = log_ratio.exp()
+    h = 1e-6
+    fd = (method.weight(ratio + h * ratio, adv) - method.weight(ratio - h * ratio, adv)) / (
+        2 * h * ratio)
+    gate = method.gate(ratio, adv)
+    err = (fd - gate).abs() / gate.abs().clamp(min=1.0)
+    kinks = err > 1e-4
+    fd_max = float(err[~kinks].max()) if (~kinks).any() else math.inf
+
+    a_line = torch.linspace(-1, 1, 9, dtype=torch.float64)
+    a_line = a_line[a_line != 0]
+    at_one = method.gate(torch.ones_like(a_line), a_line)
+    signal = method.signal(ratio, adv)
+    notes = []
+    if float(gate.min()) < 0:
+        notes.append("the gate is negative somewhere: there the update pushes the wrong way")
+    if not torch.allclose(at_one, torch.ones_like(at_one)):
+        notes.append("the gate is not 1 at ρ = 1: even on-policy, this is not plain REINFORCE")
+    return Verification(
+        name=getattr(method, "name", type(method).__name__), eq5=eq5, fd_max=fd_max,
+        fd_kinks=float(kinks.double().mean()), gate_at_one=(float(at_one.min()),
+                                                             float(at_one.max())),
+        gate_range=(float(gate.min()), float(gate.max())),
+        signal_max=float(signal.abs().max()), grid_lim=grid_lim, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------
+def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801):
+    """f and f' against log ρ, one column per sign of A: the gate's cross-sections.
+
+    methods: Method objects or registry names, drawn with line styles -, --, -., : in turn (so
+    that coinciding curves stay visible). Each method's `bounds()` are drawn as dotted verticals
+    in its colour. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from .methods import get
+
+    methods = [get(m) if isinstance(m, str) else m for m in methods]
+    if axes is None:
+        _, axes = plt.subplots(2, len(adv), figsize=(4.2 * len(adv) + 1, 5.6), sharex=True,
+                               layout="constrained", squeeze=False)
+    log_ratio = torch.linspace(-log_ratio_lim, log_ratio_lim, n, dtype=torch.float64)
+    ratio = log_ratio.exp()
+    for j, a in enumerate(adv):
+        a_t = torch.full_like(ratio, a)
+        top, bottom = axes[0][j], axes[1][j]
+        for i, m in enumerate(methods):
+            style = {"color": f"C{i}", "lw": max(2.6 - 0.4 * i, 1.0), "label": m.title,
+                     "ls": ("-", "--", "-.", ":")[i % 4]}
+            top.plot(log_ratio, m.weight(ratio, a_t), **style)
+            bottom.plot(log_ratio, m.gate(ratio, a_t), **style)
+            for r, side in m.bounds():
+                if side == 0 or side == (1 if a > 0 else -1):
+                    for ax in (top, bottom):
+                        if abs(math.log(r)) <= log_ratio_lim:
+                            ax.axvline(math.log(r), color=f"C{i}", ls=":", lw=1.2)
+        top.plot(log_ratio, ratio, color="0.6", lw=0.8, ls="--", label="ρ (REINFORCE)")
+        top.set_title(f"A {'>' if a > 0 else '<'} 0 (A = {a:g})")
+        top.set_ylabel("weight f(ρ; A)")
+        bottom.set_ylabel("gate f′(ρ; A)")
+        bottom.set_xlabel(r"$\log \rho_t$")
+        bottom.axhline(0, color="0.4", lw=0.6)
+        for ax in (top, bottom):
+            ax.axvline(0, color="0.4", lw=0.6)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    return axes[0][0].figure
+
+
+# --------------------------------------------------------------------------------------------
+# the lab
+# --------------------------------------------------------------------------------------------
+def run_lab(method, compare=("ppo",), seeds=(0, 1), config=None, steps=None, lag=0, agg=None,
+            progress=False) -> dict:
+    """Train the tiny policy with `method` and with each method in `compare`, same seeds.
+
+    Returns rlgates.lab.run_many's {label: [LabResult per seed]}; summarise it with
+    lab.summary_table(runs) and plot it with lab.plot_runs(runs, "reward").
+    """
+    from . import lab
+
+    label = getattr(method, "name", None) or "custom"
+    methods = {label: method, **{str(c): c for c in compare}}
+    return lab.run_many(methods, seeds=seeds, config=config, steps=steps, lag=lag, agg=agg,
+                        progress=progress)
+
+
+__all__ = ["CustomMethod", "Verification", "make", "plot_profiles", "run_lab", "verify"]
