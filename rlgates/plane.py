@@ -114,7 +114,10 @@ class GatePanels:
                               label="gate f′, signed by A (red A>0, blue A<0)")
             self.fig.colorbar(self._images[1], ax=right, shrink=0.9,
                               label=f"learning signal f′·${r}$·${A}$")
+            from matplotlib.ticker import MaxNLocator
+
             for ax in self.axes:
+                ax.xaxis.set_major_locator(MaxNLocator(5))
                 ax.axvline(0, color="0.4", linewidth=0.6)
                 ax.axhline(0, color="0.4", linewidth=0.6)
                 ax.set_xlabel(f"advantage ${A}$")
