@@ -86,3 +86,12 @@ def test_policy_step_moves_the_policy():
 def test_tail_reward():
     tokens = torch.tensor([[0, 8, 9, 15], [1, 2, 3, 4]])
     assert torch.equal(rlgates.tail_reward(tokens, 16), torch.tensor([0.75, 0.0]))
+
+
+def test_time_step_and_compare_devices(capsys):
+    calls = []
+    seconds = rlgates.time_step(lambda: calls.append(1), "cpu", reps=4, warmup=2)
+    assert len(calls) == 6 and seconds >= 0
+    times = rlgates.compare_devices(lambda d: (lambda: torch.ones(8, device=d).sum()), "cpu",
+                                    reps=2, label="demo")
+    assert list(times) == ["cpu"] and "demo: cpu:" in capsys.readouterr().out
