@@ -174,7 +174,7 @@ class GRPO(PPO):
     name, title, date = "grpo", "GRPO", "February 2024"
     paper = "Shao et al. 2024, DeepSeekMath, arXiv:2402.03300"
     insight = (
-        "PPO's gate unchanged; what is new is the advantage, normalized within a group of "
+        "PPO's gate unchanged; what is new is the advantage, normalised within a group of "
         "G samples."
     )
 
@@ -208,8 +208,8 @@ class GSPO(SignClip):
     gate_latex = (r"\begin{gathered}\mathbf{1}[A_s>0,\ \rho_s<1+\epsilon_h]"
                   r"\\+\,\mathbf{1}[A_s<0,\ \rho_s>1-\epsilon_l]\end{gathered}")
     insight = (
-        "DAPO's gate moved to whole responses: one clip decision per sequence, at a tiny "
-        "ε."
+        "Accept or reject whole responses, judged by their geometric-mean ratio, with a "
+        "tiny ε."
     )
 
     def _sequence_log_ratio_per_token(self, logp, logp_old, mask):
@@ -238,8 +238,8 @@ class SAO(Method):
     f_latex = r"\operatorname{clip}(\rho_t,\,1-\epsilon_l,\,1+\epsilon_h)"
     gate_latex = r"\mathbf{1}[1-\epsilon_l<\rho_t<1+\epsilon_h]"
     insight = (
-        "A top-hat window: outside the trust region both signs are masked, which suits "
-        "stale asynchronous rollouts."
+        "One window for every token, whatever its advantage: a ratio outside (1−ε_l, "
+        "1+ε_h) is treated as stale data and passes nothing."
     )
 
     def _validate(self):
@@ -274,8 +274,8 @@ class SAPO(Method):
                   r"\big(1-\sigma(\tau_t(\rho_t-1))\big)"
                   r"\\=\operatorname{sech}^2\!\big(\tfrac{\tau_t(\rho_t-1)}{2}\big)\end{gathered}")
     insight = (
-        "The gate fades smoothly instead of snapping shut; τ_neg > τ_pos makes it fade "
-        "faster for negative advantages."
+        "A bell-shaped gate with no edge; the negative side uses a slightly larger "
+        "temperature, so tokens with a negative advantage lose trust sooner."
     )
 
     def _validate(self):

@@ -114,7 +114,7 @@ def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, grou
     """How far the live policy drifts from a rollout policy that lags k updates behind.
 
     Trains a TinyPolicy for max(lags) steps on `tail_reward` (plain policy gradient, no clip, so the
-    drift is the optimizer's alone), keeping a snapshot after every step. Then, for each lag k, it
+    drift is the optimiser's alone), keeping a snapshot after every step. Then, for each lag k, it
     samples responses from the snapshot k steps old and returns log ρ = log π_now − log π_rollout
     with the advantages: {k: (log_ratio [N, T], adv [N])}.
     """
