@@ -59,8 +59,23 @@ def setup() -> None:
 
 
 def build_book() -> None:
+    # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
+    sh("offline assets", PY, "scripts/offline_assets.py")
     shutil.rmtree(ROOT / "_build" / "html", ignore_errors=True)
     sh("book", BIN / "jupyter-book", "build", ".", "-W", "-n", "--keep-going")
+
+
+def ensure_chromium() -> None:
+    """The browser test drives Debian's Chromium; install it (as root) when it is missing."""
+    if Path("/usr/bin/chromium").exists():
+        return
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        sh("install chromium", "bash", "-c", "apt-get update && apt-get install -y chromium",
+           env={"DEBIAN_FRONTEND": "noninteractive"})
+        return
+    summary()
+    sys.exit("the browser test needs /usr/bin/chromium: install Debian's package as root "
+             "(apt-get update && apt-get install -y chromium), then run this again")
 
 
 def summary() -> None:
@@ -86,6 +101,9 @@ def check() -> None:
     sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
        "chapters", env=env)
     build_book()
+    ensure_chromium()
+    sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
+       "-p", "no:randomly", env=env)
     summary()
     print("\nall checks passed")
 

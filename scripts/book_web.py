@@ -1,0 +1,90 @@
+"""Sphinx extension (see _config.yml, sphinx.local_extensions): the web book's own assets.
+
+- Serves MathJax from the book's `_static/mathjax/` (installed by scripts/offline_assets.py at
+  set-up time; installed here too if missing), so that no page fetches anything from a CDN.
+- Adds the gate explorer's script, style and data (from rlgates at build time) to explorer.html
+  only. Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
+  .js and .css under `_static/` to every page.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from docutils import nodes
+
+HERE = Path(__file__).resolve().parent
+EXPLORER_STATIC = HERE / "explorer"
+EXPLORER_PAGE = "explorer"
+
+
+def _config_inited(app, config):
+    sys.path.insert(0, str(HERE))
+    import offline_assets
+
+    offline_assets.ensure_mathjax(quiet=True)
+    # pydata-sphinx-theme logs a console error ("Got invalid theme mode") on a reader's first visit
+    # when no default mode is set; "auto" follows the reader's system light/dark preference.
+    config.html_context = {"default_mode": "auto", **(config.html_context or {})}
+    # absolute paths: Sphinx joins them to the conf dir unchanged
+    config.html_static_path = [*config.html_static_path, str(offline_assets.VENDOR),
+                               str(EXPLORER_STATIC)]
+
+
+TAG = re.compile(r"\\tag\*?\{[^{}]*\}")
+
+
+def _tag_outside_split(app, doctree, docname):
+    """A display equation with a line break (`\\\\`, e.g. in `cases`) and a `\\tag{7.1}`: Sphinx
+    wraps its body in `split`, where MathJax forbids \\tag ("\\tag not allowed in split
+    environment"). Move the tag outside the split, so the equation renders with its number."""
+    for node in doctree.findall(nodes.math_block):
+        latex = node.astext()
+        tags = TAG.findall(latex)
+        if node.get("nowrap") or "\\\\" not in latex or len(tags) != 1 or "\n\n" in latex.strip():
+            continue
+        body = TAG.sub("", latex).strip()
+        node[:] = [nodes.Text(rf"\[\begin{{split}}{body}\end{{split}}{tags[0]}\]")]
+        node["nowrap"] = True
+
+
+def _drop_widget_state(app, pagename, templatename, context, doctree):
+    """Drop the ipywidgets state myst-nb embeds (tens of kB per slider): with no widget manager
+    on the page (nb_ipywidgets_js is empty, so nothing comes from a CDN) nothing could use it."""
+    meta = getattr(app.env, "nb_metadata", {}).get(pagename, {})
+    meta.get("js_files", {}).pop("ipywidgets_state", None)
+
+
+def _dedupe_scripts(app, pagename, templatename, context, doctree):
+    """Drop repeated inline scripts: sphinx-thebe's config line (`const THEBE_JS_URL = ...`)
+    is added twice (once with filename None, once with ""), a SyntaxError on every page."""
+    seen, kept = set(), []
+    for js in context.get("script_files", []):
+        key = (getattr(js, "filename", str(js)) or "", getattr(js, "attributes", {}).get("body"))
+        if key not in seen:
+            seen.add(key)
+            kept.append(js)
+    if "script_files" in context:
+        context["script_files"][:] = kept
+
+
+def _page_context(app, pagename, templatename, context, doctree):
+    if pagename != EXPLORER_PAGE:
+        return
+    from rlgates.explorer_data import explorer_json
+
+    data = explorer_json().replace("</", "<\\/")
+    app.add_css_file("explorer.css")
+    app.add_js_file(None, body=f"window.RLGATES_EXPLORER = {data};")
+    app.add_js_file("explorer.js", defer="defer")
+
+
+def setup(app):
+    app.connect("config-inited", _config_inited)
+    app.connect("doctree-resolved", _tag_outside_split)
+    app.connect("html-page-context", _drop_widget_state, priority=400)  # before myst-nb's (500)
+    app.connect("html-page-context", _page_context)
+    app.connect("html-page-context", _dedupe_scripts, priority=900)  # after everyone's scripts
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

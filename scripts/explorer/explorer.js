@@ -1,0 +1,404 @@
+/* The gate explorer: gate and learning signal of one method on the (A, log ρ) plane, redrawn in
+ * the browser as its hyperparameters move. No kernel, no network.
+ *
+ * Data (methods, defaults, slider ranges, axis limits, colour map) come from rlgates at build time
+ * (rlgates/explorer_data.py -> window.RLGATES_EXPLORER). The gate formulas below mirror
+ * rlgates/methods.py; tests/browser checks them against rlgates at sampled points.
+ */
+(function () {
+  "use strict";
+
+  // ---- the gates: f'(ρ; A), ρ > 0, A real; the same strict/closed edges as rlgates ----------
+  function signClip(low, high) {
+    return function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low) ? 1 : 0; };
+  }
+  function sigmoid(x) { return 1 / (1 + Math.exp(-x)); }
+
+  // Each entry: p (hyperparameters) -> {gate(ρ, A), bounds: [[ρ, side]]}, side +1 A>0, -1 A<0, 0 both.
+  const GATES = {
+    ppo: function (p) {
+      const low = 1 - p.eps, high = 1 + p.eps;
+      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
+    },
+    dapo: function (p) {
+      const low = 1 - p.eps_low, high = 1 + p.eps_high;
+      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
+    },
+    sao: function (p) {
+      const low = 1 - p.eps_low, high = 1 + p.eps_high;
+      return { gate: function (r) { return r > low && r < high ? 1 : 0; },
+               bounds: [[high, 0], [low, 0]] };
+    },
+    sapo: function (p) {
+      return {
+        gate: function (r, a) {
+          const s = sigmoid((a > 0 ? p.tau_pos : p.tau_neg) * (r - 1));
+          return 4 * s * (1 - s);
+        },
+        bounds: [],
+      };
+    },
+    dual_clip: function (p) {
+      const low = 1 - p.eps, high = 1 + p.eps, c = p.c;
+      return {
+        gate: function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low && r < c) ? 1 : 0; },
+        bounds: [[high, 1], [low, -1], [c, -1]],
+      };
+    },
+    cispo: function (p) {
+      // f' = clip(ρ, 1−ε_l, 1+ε_h) / ρ: never zero; ε_l = 1 means no lower bound (none drawn)
+      const low = 1 - p.eps_low, high = 1 + p.eps_high;
+      return { gate: function (r) { return Math.min(Math.max(r, low), high) / r; },
+               bounds: low > 0 ? [[high, 0], [low, 0]] : [[high, 0]] };
+    },
+    reinforce: function () { return { gate: function () { return 1; }, bounds: [] }; },
+  };
+  GATES.grpo = GATES.ppo;
+  GATES.gspo = GATES.dapo;
+
+  function build(name, params) {
+    const make = GATES[name];
+    if (!make) throw new Error("explorer: no gate for method " + name);
+    return make(params);
+  }
+  // Public, for the tests and for curious readers (open the console).
+  const api = {
+    gate: function (name, params, ratio, adv) { return build(name, params).gate(ratio, adv); },
+    signal: function (name, params, ratio, adv) {
+      return build(name, params).gate(ratio, adv) * ratio * adv;
+    },
+    bounds: function (name, params) { return build(name, params).bounds; },
+    implemented: Object.keys(GATES),
+  };
+  window.RLGatesExplorer = api;
+
+  // ---- drawing ----------------------------------------------------------------------------
+  const DATA = window.RLGATES_EXPLORER;
+  const FONT = "12px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
+  const SMALL = "9px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
+
+  function niceStep(span, target) {
+    const raw = span / target, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
+  }
+  function fmt(v) {
+    // 3 significant digits, a real minus sign; exponents only for very small or large values
+    if (v === 0) return "0";
+    const a = Math.abs(v);
+    const s = a < 1e-4 || a >= 1e5 ? v.toExponential(1) : String(+v.toPrecision(3));
+    return s.replace(/-/g, "−");
+  }
+  function colour(cmap, v, vmax) {
+    // matplotlib's rule: x = (v + vmax) / (2 vmax) in [0, 1], index floor(x N) clipped to N - 1
+    const n = cmap.length;
+    let i = Math.floor(((v + vmax) / (2 * vmax)) * n);
+    if (!(i >= 0)) i = 0; else if (i > n - 1) i = n - 1;
+    return cmap[i];
+  }
+  function hexRgb(h) {
+    return [parseInt(h.slice(1, 3), 16), parseInt(h.slice(3, 5), 16), parseInt(h.slice(5, 7), 16)];
+  }
+  // text with a subscript: parts = [["A", false], ["t", true]]
+  function richText(ctx, parts, x, y, align) {
+    const widths = parts.map(function (p) { ctx.font = p[1] ? SMALL : FONT; return ctx.measureText(p[0]).width; });
+    const total = widths.reduce(function (s, w) { return s + w; }, 0);
+    let cx = align === "center" ? x - total / 2 : align === "right" ? x - total : x;
+    ctx.textAlign = "left";
+    parts.forEach(function (p, k) {
+      ctx.font = p[1] ? SMALL : FONT;
+      ctx.fillText(p[0], cx, p[1] ? y + 4 : y);
+      cx += widths[k];
+    });
+    ctx.font = FONT;
+  }
+
+  function Panel(canvas, kind) {
+    this.canvas = canvas;
+    this.kind = kind; // "gate" | "signal"
+    this.grid = document.createElement("canvas");
+  }
+  Panel.prototype.layout = function () {
+    const css = this.canvas.clientWidth || 320;
+    const h = Math.round(Math.min(css * 0.82, 360));
+    this.canvas.style.height = h + "px";
+    const dpr = window.devicePixelRatio || 1;
+    this.canvas.width = Math.round(css * dpr);
+    this.canvas.height = Math.round(h * dpr);
+    this.w = css; this.h = h; this.dpr = dpr;
+    this.box = { x0: 54, y0: 30, x1: css - 72, y1: h - 40 };
+  };
+  Panel.prototype.draw = function (s) {
+    this.layout();
+    const ctx = this.canvas.getContext("2d"), b = this.box, n = DATA.n, m = s.method;
+    const vmax = this.kind === "gate" ? 1 : s.signalMax;
+    const values = this.kind === "gate" ? s.signedGate : s.signal;
+    // the grid as an n x n image, nearest-neighbour scaled (row 0 of the grid is the bottom)
+    this.grid.width = n; this.grid.height = n;
+    const gctx = this.grid.getContext("2d"), img = gctx.createImageData(n, n);
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < n; j++) {
+        const rgb = s.rgb(values[i * n + j], vmax), o = ((n - 1 - i) * n + j) * 4;
+        img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
+      }
+    }
+    gctx.putImageData(img, 0, 0);
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, this.w, this.h);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.grid, b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
+    const X = function (a) { return b.x0 + ((a + DATA.adv_lim) / (2 * DATA.adv_lim)) * (b.x1 - b.x0); };
+    const Y = function (l) { return b.y1 - ((l + s.lim) / (2 * s.lim)) * (b.y1 - b.y0); };
+    this.X = X; this.Y = Y;
+    // zero lines, then the clip bounds (dashed, black), on their side of A = 0
+    ctx.strokeStyle = "#666666"; ctx.lineWidth = 0.6; ctx.setLineDash([]);
+    ctx.beginPath(); ctx.moveTo(X(0), b.y0); ctx.lineTo(X(0), b.y1);
+    ctx.moveTo(b.x0, Y(0)); ctx.lineTo(b.x1, Y(0)); ctx.stroke();
+    ctx.strokeStyle = "#000000"; ctx.lineWidth = 1.4; ctx.setLineDash([6, 4]);
+    s.bounds.forEach(function (bd) {
+      const l = Math.log(bd[0]);
+      if (!(Math.abs(l) <= s.lim)) return;
+      const xa = bd[1] === -1 ? -DATA.adv_lim : bd[1] === 1 ? 0 : -DATA.adv_lim;
+      const xb = bd[1] === -1 ? 0 : DATA.adv_lim;
+      ctx.beginPath(); ctx.moveTo(X(xa), Y(l)); ctx.lineTo(X(xb), Y(l)); ctx.stroke();
+    });
+    ctx.setLineDash([]);
+    // frame, ticks, labels
+    ctx.strokeStyle = "#000000"; ctx.lineWidth = 1;
+    ctx.strokeRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
+    ctx.fillStyle = "#000000"; ctx.font = FONT; ctx.textBaseline = "middle";
+    [-1, -0.5, 0, 0.5, 1].forEach(function (a) {
+      ctx.beginPath(); ctx.moveTo(X(a), b.y1); ctx.lineTo(X(a), b.y1 + 4); ctx.stroke();
+      ctx.textAlign = "center"; ctx.fillText(fmt(a * DATA.adv_lim), X(a), b.y1 + 12);
+    });
+    const step = niceStep(2 * s.lim, 4);
+    for (let t = Math.ceil(-s.lim / step) * step; t <= s.lim + 1e-12 * s.lim; t += step) {
+      const tv = Math.abs(t) < step * 1e-9 ? 0 : t;
+      ctx.beginPath(); ctx.moveTo(b.x0 - 4, Y(tv)); ctx.lineTo(b.x0, Y(tv)); ctx.stroke();
+      ctx.textAlign = "right"; ctx.fillText(fmt(tv), b.x0 - 6, Y(tv));
+    }
+    const A = m.adv_symbol.split("_"), R = m.ratio_symbol.replace("\\rho", "ρ").split("_");
+    richText(ctx, [["advantage " + A[0], false], [A[1], true]], (b.x0 + b.x1) / 2, this.h - 10, "center");
+    ctx.save(); ctx.translate(13, (b.y0 + b.y1) / 2); ctx.rotate(-Math.PI / 2);
+    richText(ctx, [["log " + R[0], false], [R[1], true]], 0, 0, "center"); ctx.restore();
+    const title = this.kind === "gate"
+      ? [["gate f′(" + R[0], false], [R[1], true], ["; " + A[0], false], [A[1], true], [")", false]]
+      : [["learning signal f′·" + R[0], false], [R[1], true], ["·" + A[0], false], [A[1], true]];
+    ctx.font = "bold " + FONT;
+    richText(ctx, title, (b.x0 + b.x1) / 2, 14, "center");
+    // colour bar
+    const cx0 = b.x1 + 10, cx1 = b.x1 + 22, cmap = DATA.cmap;
+    for (let k = 0; k < cmap.length; k++) {
+      ctx.fillStyle = cmap[k];
+      const ya = b.y1 - (k / cmap.length) * (b.y1 - b.y0), yb = b.y1 - ((k + 1) / cmap.length) * (b.y1 - b.y0);
+      ctx.fillRect(cx0, yb, cx1 - cx0, ya - yb + 0.5);
+    }
+    ctx.strokeStyle = "#000000"; ctx.strokeRect(cx0, b.y0, cx1 - cx0, b.y1 - b.y0);
+    ctx.fillStyle = "#000000"; ctx.textAlign = "left";
+    [[vmax, b.y0], [0, (b.y0 + b.y1) / 2], [-vmax, b.y1]].forEach(function (t) {
+      ctx.fillText(fmt(t[0]), cx1 + 3, t[1]);
+    });
+    ctx.save(); ctx.translate(this.w - 6, (b.y0 + b.y1) / 2); ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "center";
+    ctx.fillText(this.kind === "gate" ? "A<0 open  ↔  A>0 open" : "discourage  ↔  encourage", 0, 0);
+    ctx.restore();
+  };
+  Panel.prototype.at = function (ev, s) {
+    const r = this.canvas.getBoundingClientRect(), b = this.box;
+    const x = ev.clientX - r.left, y = ev.clientY - r.top;
+    if (x < b.x0 || x > b.x1 || y < b.y0 || y > b.y1) return null;
+    const a = -DATA.adv_lim + ((x - b.x0) / (b.x1 - b.x0)) * 2 * DATA.adv_lim;
+    const l = s.lim - ((y - b.y0) / (b.y1 - b.y0)) * 2 * s.lim;
+    return [a, l];
+  };
+
+  // ---- the widget ---------------------------------------------------------------------------
+  function el(tag, attrs, kids) {
+    const e = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (k === "html") e.innerHTML = attrs[k]; else if (k === "text") e.textContent = attrs[k];
+      else e.setAttribute(k, attrs[k]);
+    });
+    (kids || []).forEach(function (c) { e.appendChild(c); });
+    return e;
+  }
+  // plain text from rlgates (τ_neg, ε_h) as HTML with subscripts
+  function prettify(text) {
+    const esc = text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    return esc.replace(/([A-Za-zα-ωΑ-Ω])_([A-Za-z0-9]+)/g, "$1<sub>$2</sub>");
+  }
+  function linspace(a, b, n) {
+    const out = new Float64Array(n);
+    for (let i = 0; i < n; i++) out[i] = a + ((b - a) * i) / (n - 1);
+    return out;
+  }
+
+  function Explorer(root) {
+    this.root = root;
+    this.methods = {};
+    DATA.methods.forEach(function (m) { this.methods[m.name] = m; }, this);
+    const rgbCache = DATA.cmap.map(hexRgb);
+    this.rgb = function (v, vmax) {
+      const n = rgbCache.length;
+      let i = Math.floor(((v + vmax) / (2 * vmax)) * n);
+      if (!(i >= 0)) i = 0; else if (i > n - 1) i = n - 1;
+      return rgbCache[i];
+    };
+    this.buildDom();
+    const self = this, fromHash = function () {
+      const hash = decodeURIComponent((location.hash || "").slice(1));
+      return self.methods[hash] ? hash : null;
+    };
+    this.select(fromHash() || DATA.methods[0].name);
+    // explorer.html#dapo opens DAPO, also when only the hash changes
+    window.addEventListener("hashchange", function () {
+      const name = fromHash();
+      if (name && name !== self.method.name) self.select(name);
+    });
+  }
+  Explorer.prototype.buildDom = function () {
+    const self = this;
+    this.selectEl = el("select", { id: "gx-method", "aria-label": "method" });
+    DATA.methods.forEach(function (m) {
+      self.selectEl.appendChild(el("option", { value: m.name, text: m.title + " (" + m.date + ")" }));
+    });
+    this.selectEl.addEventListener("change", function () { self.select(self.selectEl.value); });
+    this.reset = el("button", { type: "button", class: "gx-reset", text: "reset to the paper's defaults" });
+    this.reset.addEventListener("click", function () { self.select(self.method.name); });
+    this.sliders = el("div", { class: "gx-sliders" });
+    this.info = el("div", { class: "gx-info" });
+    this.canvases = ["gate", "signal"].map(function (kind) {
+      return el("canvas", { class: "gx-canvas", id: "gx-" + kind, role: "img" });
+    });
+    this.panels = this.canvases.map(function (c, k) { return new Panel(c, k ? "signal" : "gate"); });
+    this.readout = el("p", { class: "gx-readout", "aria-live": "polite",
+      text: "Point at (or touch) a panel to read the gate and the signal there." });
+    this.code = el("code", { class: "gx-code" });
+    this.note = el("p", { class: "gx-note" });
+    this.root.appendChild(el("div", { class: "gx-controls" }, [
+      el("label", { for: "gx-method", text: "method " }), this.selectEl, this.reset]));
+    this.root.appendChild(this.sliders);
+    this.root.appendChild(this.info);
+    this.root.appendChild(el("div", { class: "gx-panels" }, this.canvases));
+    this.root.appendChild(this.note);
+    this.root.appendChild(this.readout);
+    this.root.appendChild(el("p", { class: "gx-python" }, [el("span", { text: "in Python: " }), this.code]));
+    this.canvases.forEach(function (c, k) {
+      c.addEventListener("pointermove", function (ev) { self.hover(ev, k); });
+      c.addEventListener("pointerdown", function (ev) { self.hover(ev, k); });
+    });
+    let width = this.root.clientWidth;
+    window.addEventListener("resize", function () {
+      if (self.root.clientWidth !== width) { width = self.root.clientWidth; self.draw(); }
+    });
+  };
+  Explorer.prototype.select = function (name) {
+    const self = this, m = this.methods[name];
+    this.method = m;
+    this.selectEl.value = name;
+    this.values = {};
+    this.sliders.innerHTML = "";
+    m.params.forEach(function (p) {
+      self.values[p.key] = p.default;
+      const id = "gx-" + p.key, out = el("output", { for: id, class: "gx-value" });
+      const input = el("input", { type: "range", id: id, min: p.range[0], max: p.range[1],
+        step: p.range[2], value: p.default, "data-param": p.key });
+      input.value = String(p.default);
+      out.textContent = fmt(p.default);
+      input.addEventListener("input", function () {
+        self.values[p.key] = parseFloat(input.value);
+        out.textContent = fmt(self.values[p.key]);
+        self.schedule();
+      });
+      self.sliders.appendChild(el("div", { class: "gx-slider" }, [
+        el("label", { for: id, html: p.label }), input, out]));
+    });
+    if (!m.params.length) {
+      this.sliders.appendChild(el("p", { text: m.title + " has no hyperparameters: its gate is fixed." }));
+    }
+    this.info.innerHTML = "";
+    this.info.appendChild(el("p", { class: "gx-title" }, [
+      el("strong", { text: m.title }), el("span", { html: " · " + prettify(m.insight) })]));
+    this.info.appendChild(el("p", { class: "math gx-formula",
+      text: "\\(f'(" + m.ratio_symbol + ";\\, " + m.adv_symbol + ") = " + m.gate_latex + "\\)" }));
+    this.info.appendChild(el("p", { class: "gx-paper", text: m.paper }));
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+      const node = this.info;
+      MathJax.startup.promise.then(function () { return MathJax.typesetPromise([node]); })
+        .catch(function (err) { console.error("MathJax:", err); });
+    }
+    this.signalMax = null; // recomputed below at the defaults: the colour scale stays put
+    this.compute();
+    let smax = 0;
+    for (let k = 0; k < this.signal.length; k++) smax = Math.max(smax, Math.abs(this.signal[k]));
+    this.signalMax = smax || 1;
+    if (history.replaceState) history.replaceState(null, "", "#" + name);
+    this.draw();
+  };
+  Explorer.prototype.schedule = function () {
+    const self = this;
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(function () { self.pending = false; self.compute(); self.draw(); });
+  };
+  Explorer.prototype.compute = function () {
+    const m = this.method, n = DATA.n, g = build(m.name, this.values);
+    this.bounds = g.bounds;
+    // the axis keeps the book's default range; it grows only when a clip bound leaves it
+    let lim = m.log_ratio_lim;
+    g.bounds.forEach(function (bd) {
+      const l = Math.abs(Math.log(bd[0]));
+      if (isFinite(l)) lim = Math.max(lim, 1.15 * l);
+    });
+    this.extended = lim > m.log_ratio_lim;
+    this.lim = lim;
+    const adv = linspace(-DATA.adv_lim, DATA.adv_lim, n), logr = linspace(-lim, lim, n);
+    this.signedGate = new Float64Array(n * n);
+    this.signal = new Float64Array(n * n);
+    for (let i = 0; i < n; i++) {
+      const r = Math.exp(logr[i]);
+      for (let j = 0; j < n; j++) {
+        const a = adv[j], f = g.gate(r, a);
+        this.signedGate[i * n + j] = (a > 0 ? 1 : a < 0 ? -1 : 0) * f;
+        this.signal[i * n + j] = f * r * a;
+      }
+    }
+  };
+  Explorer.prototype.draw = function () {
+    const s = {
+      method: this.method, lim: this.lim, bounds: this.bounds, signedGate: this.signedGate,
+      signal: this.signal, signalMax: this.signalMax, rgb: this.rgb,
+    };
+    this.panels.forEach(function (p) { p.draw(s); });
+    const m = this.method, vals = this.values;
+    const args = m.params.map(function (p) { return p.key + "=" + +vals[p.key].toPrecision(4); });
+    this.code.textContent = 'rlgates.get("' + m.name + '"' + (args.length ? ", " + args.join(", ") : "") + ")";
+    const desc = m.title + " with " + (args.join(", ") || "no hyperparameters") +
+      ": colour map over advantage (x, −1 to 1) and log ratio (y, ±" + fmt(this.lim) + ")" +
+      (this.bounds.length ? "; dashed lines at ρ = " + this.bounds.map(function (b) { return fmt(b[0]); }).join(", ") : "");
+    this.canvases[0].setAttribute("aria-label", "Gate of " + desc);
+    this.canvases[1].setAttribute("aria-label", "Learning signal of " + desc);
+    this.note.textContent = this.extended
+      ? "The log ρ axis was widened (to ±" + fmt(this.lim) + ") so that every clip bound stays in view."
+      : "";
+  };
+  Explorer.prototype.hover = function (ev, k) {
+    const s = { lim: this.lim }, pt = this.panels[k].at(ev, s);
+    if (!pt) return;
+    const r = Math.exp(pt[1]), f = api.gate(this.method.name, this.values, r, pt[0]);
+    this.readout.textContent = "A = " + fmt(pt[0]) + ", log ρ = " + fmt(pt[1]) + " (ρ = " + fmt(r) +
+      "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * pt[0]) +
+      (f === 0 && pt[0] !== 0 ? " — this token gets no gradient." : "");
+  };
+
+  function start() {
+    const root = document.getElementById("rlgates-explorer");
+    if (!root || !DATA) return;
+    root.innerHTML = "";
+    root.explorer = new Explorer(root);
+    api.explorer = root.explorer;
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

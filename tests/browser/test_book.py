@@ -1,0 +1,448 @@
+"""The built book in a real browser, offline: every page, the math, the links, search, the gate
+explorer (against rlgates), and screenshots at desktop and phone widths in both themes.
+
+Run: `python -m pytest tests/browser -m browser` after `python3 tasks.py book` (or set BOOK_HTML).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import torch
+from bookserver import LOCAL_HOSTS, SCREENSHOTS, Offline
+
+import rlgates
+from rlgates.explorer_data import colormap, explorer_methods
+
+pytestmark = pytest.mark.browser
+
+PART_I = ["ppo", "grpo", "dapo", "sao", "sapo", "gspo"]
+PART_II = ["dual_clip", "cispo", "reinforce"]
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+SKIP_DIRS = {"_static", "_sources", "_images", "reports"}
+
+# Waits for MathJax's first typeset and for every image (lazy ones too) to be decoded.
+SETTLE = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await Promise.all([...document.images].map(i => {
+    i.loading = 'eager'; return i.decode().catch(() => null); }));
+  return true;
+}"""
+
+# Everything the per-page checks need, read in one go.
+INSPECT = r"""() => {
+  const shown = el => !!(el && (el.offsetWidth || el.offsetHeight || el.getClientRects().length));
+  const imgs = [...document.images].map(i => ({
+    src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0,
+    alt: (i.getAttribute('alt') || '').trim()}));
+  const math = [...document.querySelectorAll('.math')];
+  const untypeset = math.filter(m => !m.querySelector('mjx-container'))
+    .map(m => m.textContent.trim().slice(0, 80));
+  const merror = [...document.querySelectorAll('mjx-merror')]
+    .map(e => e.getAttribute('data-mjx-error') || e.textContent);
+  const root = document.querySelector('main') || document.body;
+  const skip = 'pre, code, script, style, textarea, noscript, mjx-container, .math';
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {acceptNode: n =>
+    n.parentElement.closest(skip) ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+  let text = '';
+  while (walker.nextNode()) {
+    if (shown(walker.currentNode.parentElement)) text += walker.currentNode.nodeValue + ' ';
+  }
+  const raw = text.match(/\$[^$\n]{1,80}\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|\\frac|\\rho/g) || [];
+  return {
+    title: document.title, imgs, nmath: math.length, untypeset, merror, raw,
+    links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+    ids: [...document.querySelectorAll('[id]')].map(e => e.id)
+      .concat([...document.querySelectorAll('a[name]')].map(a => a.name)),
+    copy: document.querySelectorAll('button.copybtn').length,
+    code: document.querySelectorAll('div.highlight pre').length,
+    mathjax: !!window.MathJax,
+  };
+}"""
+
+
+def pages(book_dir: Path) -> list[str]:
+    out = [p.relative_to(book_dir).as_posix() for p in sorted(book_dir.rglob("*.html"))
+           if not SKIP_DIRS.intersection(p.relative_to(book_dir).parts[:-1])]
+    assert "index.html" in out and "explorer.html" in out, out
+    return out
+
+
+class Tab:
+    """One browser page reused across URLs; records console errors, page errors, HTTP errors."""
+
+    def __init__(self, ctx, problems: list[str]):
+        self.page, self.problems, self.label = ctx.context.new_page(), problems, ""
+        self.page.on("console", lambda m: m.type == "error" and problems.append(
+            f"{self.label}: console error: {m.text}"))
+        self.page.on("pageerror", lambda e: problems.append(f"{self.label}: page error: {e}"))
+        self.page.on("response", lambda r: r.status >= 400 and problems.append(
+            f"{self.label}: HTTP {r.status} for {r.url}"))
+
+    def open(self, url: str, label: str):
+        self.label = label
+        self.page.goto(url, wait_until="load")
+        self.page.evaluate(SETTLE)
+        return self.page
+
+
+def open_page(ctx, url, problems, label):
+    return Tab(ctx, problems).open(url, label)
+
+
+# ---- static --------------------------------------------------------------------------------
+EXTERNAL_ASSET = re.compile(
+    r"<(?:script|img|iframe|source|video|audio|embed)\b[^>]*\bsrc=[\"'](?:https?:)?//"
+    r"|<link\b(?=[^>]*\brel=[\"'](?:stylesheet|preload|modulepreload|icon|prefetch|manifest)[\"'])"
+    r"[^>]*\bhref=[\"'](?:https?:)?//"
+    r"|@import\s+url\([\"']?(?:https?:)?//|url\([\"']?https?://", re.I)
+
+
+def test_no_page_references_an_external_asset(book_dir):
+    """No script, style, font or image in the HTML or the book's CSS comes from another host."""
+    bad = []
+    for p in [*book_dir.rglob("*.html"), *(book_dir / "_static").rglob("*.css")]:
+        for m in EXTERNAL_ASSET.finditer(p.read_text(errors="replace")):
+            bad.append(f"{p.relative_to(book_dir)}: {m.group(0)[:120]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_mathjax_is_served_by_the_book(book_dir):
+    assert (book_dir / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    assert list((book_dir / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2")
+                .glob("MathJax_Main-Regular.woff"))
+
+
+# ---- every page ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def crawl(book_dir, base_url, browser):
+    """Visit every page once (desktop width, offline); what the page tests assert on."""
+    ctx = Offline(browser, viewport=DESKTOP)
+    problems: list[str] = []
+    tab, seen = Tab(ctx, problems), {}
+    for rel in pages(book_dir):
+        seen[rel] = tab.open(base_url + rel, rel).evaluate(INSPECT)
+    tab.page.close()
+    ctx.close()
+    return {"pages": seen, "problems": problems, "blocked": ctx.blocked}
+
+
+def test_every_page_offline(book_dir, base_url, crawl):
+    """Each page loads with no console error, nothing off localhost, every image loaded with alt
+    text, the math typeset (no raw TeX left in visible text), and every internal link resolves."""
+    problems = list(crawl["problems"])
+    for rel, info in crawl["pages"].items():
+        for img in info["imgs"]:
+            if not img["ok"]:
+                problems.append(f"{rel}: image did not load: {img['src']}")
+            if not img["alt"]:
+                problems.append(f"{rel}: image without alt text: {img['src']}")
+        if info["nmath"] and not info["mathjax"]:
+            problems.append(f"{rel}: {info['nmath']} math elements but no MathJax")
+        for t in info["untypeset"]:
+            problems.append(f"{rel}: math not typeset: {t!r}")
+        for e in info["merror"]:
+            problems.append(f"{rel}: MathJax error: {e!r}")
+        for r in info["raw"]:
+            problems.append(f"{rel}: raw TeX in visible text: {r!r}")
+        if info["code"] and not info["copy"]:
+            problems.append(f"{rel}: {info['code']} code blocks but no copy button")
+    problems += [f"blocked request off localhost: {u}" for u in crawl["blocked"]]
+    problems += broken_links(book_dir, base_url, crawl["pages"])
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:80])
+
+
+def broken_links(book_dir: Path, base_url: str, seen: dict) -> list[str]:
+    bad = []
+    base = urlsplit(base_url)
+    for rel, info in seen.items():
+        for href in info["links"]:
+            u = urlsplit(href)
+            if u.scheme not in ("http", "https") or u.hostname not in LOCAL_HOSTS:
+                continue
+            if u.port != base.port:
+                bad.append(f"{rel}: link to another local server: {href}")
+                continue
+            path = unquote(u.path).lstrip("/") or "index.html"
+            if path.endswith("/"):
+                path += "index.html"
+            target = book_dir / path
+            if not target.is_file():
+                bad.append(f"{rel}: broken link {href} (no {path})")
+                continue
+            if u.fragment and path.endswith(".html"):
+                ids = seen[path]["ids"] if path in seen else re.findall(
+                    r'\bid="([^"]+)"', target.read_text(errors="replace"))
+                if unquote(u.fragment) not in ids:
+                    bad.append(f"{rel}: link {href}: no #{u.fragment} in {path}")
+    return bad
+
+
+def test_search_works_offline(base_url, offline):
+    ctx = offline(route=True, viewport=DESKTOP)
+    problems: list[str] = []
+    page = open_page(ctx, base_url + "search.html?q=gate", problems, "search")
+    page.wait_for_selector("#search-results ul.search li", timeout=15_000)
+    hits = page.locator("#search-results ul.search li").count()
+    page.close()
+    assert hits > 0
+    assert not problems and not ctx.blocked, problems + ctx.blocked
+
+
+def test_chapters_offer_ipynb_download_and_launch_buttons(crawl):
+    chapters = {rel: info for rel, info in crawl["pages"].items() if rel.startswith("chapters/")}
+    assert chapters, "no chapter pages were built"
+    problems = []
+    for rel, info in chapters.items():
+        stem = Path(rel).stem
+        if not any(urlsplit(u).path.endswith(f"_sources/chapters/{stem}.ipynb")
+                   for u in info["links"]):
+            problems.append(f"{rel}: no .ipynb download link")
+        for host in ("colab.research.google.com", "mybinder.org"):
+            if not any(urlsplit(u).hostname == host and u.endswith(f"{stem}.ipynb")
+                       for u in info["links"]):
+                problems.append(f"{rel}: no launch link to {host}")
+    assert not problems, "\n".join(problems)
+
+
+# ---- the gate explorer ---------------------------------------------------------------------
+def _points(name: str, rng: random.Random, n_params: int = 12, n_points: int = 40):
+    """Random hyperparameters in the sliders' ranges, and (ρ, A) points that include each clip
+    bound exactly and its floating-point neighbours, with rlgates' gate and signal there."""
+    from rlgates.explorer_data import method_entry
+
+    entry = method_entry(name)
+    cases = [{p["key"]: p["default"] for p in entry["params"]}]
+    for _ in range(n_params):
+        params = {}
+        for p in entry["params"]:
+            lo, hi, _step = p["range"]
+            params[p["key"]] = rng.uniform(max(lo, 1e-6), hi)
+        try:
+            rlgates.get(name, **params)
+        except ValueError:
+            continue
+        cases.append(params)
+    out = []
+    for params in cases:
+        m = rlgates.get(name, **params)
+        lim = entry["log_ratio_lim"]
+        ratios = [math.exp(rng.uniform(-2.5 * lim, 2.5 * lim)) for _ in range(n_points)]
+        for r, _side in m.bounds():
+            ratios += [r, math.nextafter(r, 0), math.nextafter(r, math.inf)]
+        ratios += [1.0]
+        advs = [rng.uniform(-1, 1) for _ in range(len(ratios))]
+        advs[: 3] = [0.0, 1e-300, -1e-300]
+        pairs = [(r, a) for r in ratios for a in (advs[ratios.index(r) % len(advs)], 0.5, -0.5)]
+        rr = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
+        aa = torch.tensor([p[1] for p in pairs], dtype=torch.float64)
+        out.append({
+            "params": params,
+            "ratio": rr.tolist(), "adv": aa.tolist(),
+            "gate": m.gate(rr, aa).tolist(), "signal": m.signal(rr, aa).tolist(),
+            "bounds": sorted([list(b) for b in m.bounds()]),
+        })
+    return out
+
+
+COMPARE_JS = """([name, cases]) => {
+  const E = window.RLGatesExplorer, bad = [];
+  let worst = 0;
+  for (const c of cases) {
+    for (let k = 0; k < c.ratio.length; k++) {
+      const g = E.gate(name, c.params, c.ratio[k], c.adv[k]);
+      const s = E.signal(name, c.params, c.ratio[k], c.adv[k]);
+      const dg = Math.abs(g - c.gate[k]) / Math.max(1, Math.abs(c.gate[k]));
+      const ds = Math.abs(s - c.signal[k]) / Math.max(1, Math.abs(c.signal[k]));
+      worst = Math.max(worst, dg, ds);
+      if (!(dg <= 1e-9 && ds <= 1e-9) && bad.length < 5)
+        bad.push({params: c.params, ratio: c.ratio[k], adv: c.adv[k], js: [g, s],
+                  py: [c.gate[k], c.signal[k]]});
+    }
+    const jb = E.bounds(name, c.params).map(b => [b[0], b[1]])
+      .sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+    if (JSON.stringify(jb) !== JSON.stringify(c.bounds) && bad.length < 5)
+      bad.push({params: c.params, bounds_js: jb, bounds_py: c.bounds});
+  }
+  return {worst, bad, n: cases.reduce((t, c) => t + c.ratio.length, 0)};
+}"""
+
+
+@pytest.fixture(scope="module")
+def explorer_page(base_url, browser):
+    ctx = Offline(browser, route=True, viewport=DESKTOP)
+    problems: list[str] = []
+    page = open_page(ctx, base_url + "explorer.html", problems, "explorer")
+    page.wait_for_selector("#gx-method option", state="attached")
+    page.wait_for_selector(".gx-formula mjx-container")
+    yield page, problems, ctx.blocked
+    page.close()
+    ctx.close()
+
+
+@pytest.fixture
+def explorer(explorer_page):
+    page, problems, blocked = explorer_page
+    yield page
+    assert not problems and not blocked, problems + blocked
+
+
+def test_explorer_offers_every_method(explorer):
+    # the page's own text and math survive the widget (it fills #rlgates-explorer only)
+    assert explorer.locator("article h1").count() == 1
+    assert explorer.locator("article mjx-container").count() > 5
+    offered = explorer.eval_on_selector_all("#gx-method option", "os => os.map(o => o.value)")
+    assert offered == explorer_methods()
+    assert set(PART_I) <= set(offered)
+    assert set(PART_II) & set(rlgates.names()) <= set(offered)
+
+
+def test_explorer_gate_matches_rlgates(explorer):
+    """The JavaScript gate and signal agree with Method.gate / Method.signal to 1e-9, and its
+    clip bounds with Method.bounds(), at sampled (method, hyperparameters, ρ, A) points."""
+    rng = random.Random(0)
+    report = {}
+    for name in explorer_methods():
+        got = explorer.evaluate(COMPARE_JS, [name, _points(name, rng)])
+        report[name] = got
+        assert not got["bad"] and got["worst"] <= 1e-9, (name, got)
+    assert all(r["n"] > 100 for r in report.values())
+
+
+GRID_JS = """(stride) => {
+  const X = window.RLGatesExplorer.explorer, n = X.signal.length ** 0.5, g = [], s = [];
+  for (let i = 0; i < n; i += stride) for (let j = 0; j < n; j += stride) {
+    g.push(X.signedGate[i * n + j]); s.push(X.signal[i * n + j]);
+  }
+  return {g, s, lim: X.lim, n, smax: X.signalMax};
+}"""
+
+
+def test_explorer_panels_show_rlgates_plane(explorer):
+    """At each method's defaults the drawn grids equal rlgates.plane on the same axes, and the
+    canvas pixels carry rlgates.plane.CMAP's colour for rlgates' value there."""
+    cmap = colormap()
+    for name in explorer_methods():
+        explorer.select_option("#gx-method", name)
+        grid = explorer.evaluate(GRID_JS, 8)
+        m = rlgates.get(name)
+        p = rlgates.plane(m, 1.0, grid["lim"], int(grid["n"]))
+        signed = (torch.sign(torch.from_numpy(p.adv))[None, :] * torch.from_numpy(p.gate))
+        want_g = signed[::8, ::8].flatten().tolist()
+        want_s = p.signal[::8, ::8].flatten().tolist()
+        assert max(abs(a - b) for a, b in zip(grid["g"], want_g, strict=True)) <= 1e-9, name
+        assert max(abs(a - b) / max(1, abs(b))
+                   for a, b in zip(grid["s"], want_s, strict=True)) <= 1e-9, name
+        # pixels: cell centres away from the axes and the clip bounds
+        checks = []
+        for a, lr in [(0.55, 0.37), (-0.55, 0.37), (0.55, -0.43), (-0.55, -0.43), (0.8, 0.05)]:
+            lr *= grid["lim"]
+            if any(abs(math.log(b) - lr) < 0.05 * grid["lim"] for b, _ in m.bounds()):
+                continue
+            r, av = torch.tensor(math.exp(lr), dtype=torch.float64), torch.tensor(a).double()
+            gate = float(m.gate(r, av)) * (1 if a > 0 else -1)
+            sig = float(m.signal(r, av))
+            checks.append((a, lr, gate, sig))
+        px = explorer.evaluate("""(pts) => {
+          const X = window.RLGatesExplorer.explorer;
+          return pts.map(([a, l]) => X.panels.map(p => {
+            const d = p.dpr, c = p.canvas.getContext('2d');
+            return [...c.getImageData(Math.round(p.X(a) * d), Math.round(p.Y(l) * d), 1, 1).data]
+              .slice(0, 3);
+          }));
+        }""", [[c[0], c[1]] for c in checks])
+        for (a, lr, gate, sig), (pg, ps) in zip(checks, px, strict=True):
+            for value, vmax, pixel in ((gate, 1.0, pg), (sig, grid["smax"], ps)):
+                # the neighbouring grid cell may be the one drawn: accept its colour too
+                idx = min(255, max(0, math.floor((value + vmax) / (2 * vmax) * 256)))
+                ok = {cmap[i] for i in range(max(0, idx - 3), min(256, idx + 4))}
+                got = "#" + "".join(f"{v:02x}" for v in pixel)
+                assert got in ok, (name, a, lr, value, got, cmap[idx])
+
+
+def _canvases(page):
+    return page.evaluate("() => [...document.querySelectorAll('.gx-canvas')].map(c => c.toDataURL())")
+
+
+def test_explorer_slider_redraws(explorer):
+    """Moving a slider (with the keyboard, as a reader would) changes both panels."""
+    explorer.select_option("#gx-method", "dapo")
+    before = _canvases(explorer)
+    code_before = explorer.text_content(".gx-code")
+    slider = explorer.locator("#gx-eps_high")
+    slider.focus()
+    for _ in range(15):
+        slider.press("ArrowRight")
+    explorer.wait_for_function("() => !window.RLGatesExplorer.explorer.pending")
+    explorer.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+    after = _canvases(explorer)
+    assert before[0] != after[0] and before[1] != after[1]
+    assert explorer.evaluate("() => window.RLGatesExplorer.explorer.values.eps_high") == \
+        pytest.approx(0.43)
+    assert explorer.text_content(".gx-code") != code_before
+    # every method draws something non-blank, and its sliders exist
+    for name in explorer_methods():
+        explorer.select_option("#gx-method", name)
+        n_sliders = explorer.locator(".gx-slider input").count()
+        assert n_sliders == len(rlgates.get(name).hparams), name
+        colours = explorer.evaluate("""() => {
+          const c = document.querySelector('#gx-signal'), d = c.getContext('2d')
+            .getImageData(0, 0, c.width, c.height).data, seen = new Set();
+          for (let k = 0; k < d.length; k += 4 * 97) seen.add(d[k] + ',' + d[k+1] + ',' + d[k+2]);
+          return seen.size;
+        }""")
+        assert colours > 10, (name, colours)
+
+
+# ---- screenshots, phone width, dark theme --------------------------------------------------
+def _figure_page(book_dir: Path) -> str:
+    for rel in pages(book_dir):
+        if rel.startswith("chapters/") and "<img" in (book_dir / rel).read_text(errors="replace"):
+            return rel
+    return "index.html"
+
+
+def test_screenshots_phone_and_dark(book_dir, base_url, offline):
+    """Screenshots of the explorer and a chapter with figures, at desktop and phone widths, in the
+    light and dark themes (saved to screenshots/). At a phone's width no page scrolls sideways; in
+    the dark theme figures sit on white."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    chapter = _figure_page(book_dir)
+    problems: list[str] = []
+    for label, viewport, scale in (("desktop", DESKTOP, 1), ("phone", PHONE, 2)):
+        ctx = offline(viewport=viewport, device_scale_factor=scale,
+                      is_mobile=label == "phone", has_touch=label == "phone")
+        tab = Tab(ctx, problems)
+        for theme in ("light", "dark"):
+            tab.page.emulate_media(color_scheme=theme)
+            for rel in ("explorer.html", chapter):
+                tab.page.add_init_script(f"localStorage.setItem('mode', '{theme}');"
+                                         f"localStorage.setItem('theme', '{theme}');")
+                page = tab.open(base_url + rel, f"{rel} {label} {theme}")
+                got = page.evaluate("() => document.documentElement.dataset.theme")
+                if got != theme:
+                    problems.append(f"{rel} {label}: theme is {got}, not {theme}")
+                if rel == "explorer.html":
+                    page.wait_for_selector(".gx-formula mjx-container")
+                else:
+                    page.evaluate("() => { const i = document.querySelector('.bd-article img');"
+                                  " if (i) i.scrollIntoView({block: 'center'}); }")
+                overflow = page.evaluate("() => document.documentElement.scrollWidth - innerWidth")
+                if overflow > 1:
+                    problems.append(f"{rel} {label}: page is {overflow}px wider than the screen")
+                if theme == "dark":
+                    bg = page.evaluate("() => { const i = document.querySelector('.bd-article img');"
+                                       " return i ? getComputedStyle(i).backgroundColor : null; }")
+                    if bg not in (None, "rgb(255, 255, 255)"):
+                        problems.append(f"{rel}: figure background in dark theme is {bg}")
+                name = f"{Path(rel).stem}-{label}-{theme}.png"
+                page.screenshot(path=str(SCREENSHOTS / name), full_page=rel == "explorer.html")
+        tab.page.close()
+        problems += [f"blocked: {u}" for u in ctx.blocked]
+    assert not problems, "\n".join(problems)
