@@ -252,12 +252,8 @@ class SAO(Method):
         return (ratio > self.low) & (ratio < self.high)
 
     def _weight(self, ratio, adv):
-        # clamp to the first floats strictly inside the edges: torch.clamp's derivative is 1 on its
-        # closed interval, so autograd's derivative is then exactly the strict gate, at the edges
-        # too, for the price of one clamp (the value at or beyond an edge is off by one ulp)
-        dtype = ratio.dtype
-        low, high = torch.tensor(self.low, dtype=dtype), torch.tensor(self.high, dtype=dtype)
-        return ratio.clamp(torch.nextafter(low, high).item(), torch.nextafter(high, low).item())
+        # torch.where, not clamp: clamp's derivative is 1 at the edges, the strict gate's is 0
+        return torch.where(self._inside(ratio), ratio, ratio.detach().clamp(self.low, self.high))
 
     def _gate(self, ratio, adv):
         shape = torch.broadcast_shapes(ratio.shape, adv.shape)

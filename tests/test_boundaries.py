@@ -91,3 +91,13 @@ def test_edges_are_where_the_table_says():
     assert rlgates.get("dapo").high == 1.28 and rlgates.get("dapo").low == 0.8
     assert rlgates.get("sao").high == 6.0 and rlgates.get("sao").low == 0.7
     assert rlgates.get("gspo").high == 1.0004 and rlgates.get("gspo").low == 0.9997
+
+
+def test_clip_weights_are_exact_clips():
+    """f is the formula itself, bit for bit: no nudged edges."""
+    r = torch.linspace(-3, 3, 2001, dtype=torch.float64).exp()
+    assert torch.equal(rlgates.get("sao").weight(r, torch.ones(1, dtype=torch.float64)),
+                       r.clamp(0.7, 6.0))
+    ppo = rlgates.get("ppo")
+    assert torch.equal(ppo.weight(r, torch.tensor(1.0, dtype=torch.float64)), r.clamp(max=1.2))
+    assert torch.equal(ppo.weight(r, torch.tensor(-1.0, dtype=torch.float64)), r.clamp(min=0.8))
