@@ -98,8 +98,9 @@ def check() -> None:
     sh("lint", BIN / "ruff", "check", ".")
     # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser", env=env)
+    # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup)
     sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
-       "chapters", env=env)
+       "-n", "auto", "--dist", "loadfile", "chapters", env=env)
     build_book()
     ensure_chromium()
     sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
