@@ -124,3 +124,23 @@ def aggregation_weight(mask, agg):
     if agg == "seq-mean-token-sum-norm":
         return m / max(m.shape[-1], 1) / n_seq
     return m / n_seq
+
+
+class _StrictClamp(torch.autograd.Function):
+    """clamp(x, low, high) whose derivative is 0 at the edges themselves (torch.clamp's is 1)."""
+
+    @staticmethod
+    def forward(ctx, x, low, high):
+        ctx.save_for_backward(x)
+        ctx.low, ctx.high = low, high
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.where((x > ctx.low) & (x < ctx.high), grad, 0.0), None, None
+
+
+def strict_clamp(x, low, high):
+    """The exact clip of x to [low, high], differentiable with slope 1 only strictly inside."""
+    return _StrictClamp.apply(x, low, high)

@@ -252,8 +252,8 @@ class SAO(Method):
         return (ratio > self.low) & (ratio < self.high)
 
     def _weight(self, ratio, adv):
-        # torch.where, not clamp: clamp's derivative is 1 at the edges, the strict gate's is 0
-        return torch.where(self._inside(ratio), ratio, ratio.detach().clamp(self.low, self.high))
+        # not torch.clamp: its derivative is 1 at the edges, where the strict gate's is 0
+        return nx.strict_clamp(ratio, self.low, self.high)
 
     def _gate(self, ratio, adv):
         shape = torch.broadcast_shapes(ratio.shape, adv.shape)

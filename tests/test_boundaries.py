@@ -101,3 +101,16 @@ def test_clip_weights_are_exact_clips():
     ppo = rlgates.get("ppo")
     assert torch.equal(ppo.weight(r, torch.tensor(1.0, dtype=torch.float64)), r.clamp(max=1.2))
     assert torch.equal(ppo.weight(r, torch.tensor(-1.0, dtype=torch.float64)), r.clamp(min=0.8))
+
+
+def test_strict_clamp_matches_clamp_and_has_zero_slope_at_the_edges():
+    from rlgates._numerics import strict_clamp
+
+    x = torch.tensor([0.5, 0.7, math.nextafter(0.7, 1), 1.0, math.nextafter(6.0, 0), 6.0, 7.0],
+                     dtype=torch.float64, requires_grad=True)
+    y = strict_clamp(x, 0.7, 6.0)
+    assert torch.equal(y, x.detach().clamp(0.7, 6.0))
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert g.tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    inner = torch.tensor([0.9, 1.3, 4.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: strict_clamp(t, 0.7, 6.0), (inner,))
