@@ -91,7 +91,10 @@ class Method:
     # --- the loss -------------------------------------------------------------------------------
     def token_objective(self, logp, logp_old, adv, mask):
         """[B, T] objective J_t, differentiable in logp. Inputs already checked and lifted."""
-        ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))
+        # Padding may hold NaN or ±inf: `aggregate` drops it from the value, and the log-ratio
+        # clamp's backward sends it zero gradient (NaN fails the clamp's range test), so the
+        # token path needs no masking pass of its own (tested).
+        ratio = nx.ratio_from_log(logp - logp_old)
         return self._weight(ratio, adv) * adv
 
     def loss(self, logp, logp_old, adv, mask=None, agg="token-mean"):
