@@ -81,8 +81,15 @@ def _page_context(app, pagename, templatename, context, doctree):
     app.add_js_file("explorer.js", defer="defer")
 
 
+def _no_figure_numbers(app, config):
+    # sphinx_jupyterbook_latex switches numfig on for every builder; the captions name the
+    # article's figures themselves ("Figure 3: ..."), so a second, book-wide number only confuses
+    config["numfig"] = False
+
+
 def setup(app):
     app.connect("config-inited", _config_inited)
+    app.connect("config-inited", _no_figure_numbers, priority=900)  # after the latex extension
     app.connect("doctree-resolved", _tag_outside_split)
     app.connect("html-page-context", _drop_widget_state, priority=400)  # before myst-nb's (500)
     app.connect("html-page-context", _page_context)
