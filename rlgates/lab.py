@@ -33,7 +33,7 @@ from . import _numerics as nx
 from .advantages import group_advantages
 from .device import on_accelerator
 from .methods import get
-from .policy import TinyPolicy
+from .policy import TinyPolicy, zipf_head
 
 #: The aggregation each registered method's paper or reference trainer uses; others: token-mean.
 CONVENTIONAL_AGG = {
@@ -226,11 +226,7 @@ class LabPolicy(nn.Module):
         self.pos = nn.Embedding(length, hidden)
         self.prompt_proj = nn.Linear(motif * hidden, hidden)
         self.body = nn.Sequential(nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
-        self.head = nn.Linear(hidden, vocab)
-        with torch.no_grad():
-            ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
-            self.head.bias.copy_(-zipf * ranks.log())
-            self.head.weight.mul_(0.5)
+        self.head = zipf_head(hidden, vocab, zipf)
 
     @property
     def bos(self):

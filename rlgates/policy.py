@@ -17,6 +17,17 @@ def demo_size(dev) -> dict:
     return {"vocab": 64, "hidden": 64, "batch": 32, "length": 16}
 
 
+def zipf_head(hidden, vocab, zipf=1.0) -> nn.Linear:
+    """A linear head whose bias starts as a Zipf law, p_k ∝ 1/(k+1)^zipf: like an LLM's, a few
+    common tokens and a long tail of rare ones. Shared by TinyPolicy and the lab's policy."""
+    head = nn.Linear(hidden, vocab)
+    with torch.no_grad():
+        ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
+        head.bias.copy_(-zipf * ranks.log())
+        head.weight.mul_(0.5)
+    return head
+
+
 class TinyPolicy(nn.Module):
     """Embedding → GRU → logits. Token `vocab` is the beginning-of-sequence marker.
 
@@ -29,11 +40,7 @@ class TinyPolicy(nn.Module):
         self.vocab = vocab
         self.embed = nn.Embedding(vocab + 1, hidden)
         self.rnn = nn.GRU(hidden, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, vocab)
-        with torch.no_grad():
-            ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
-            self.head.bias.copy_(-zipf * ranks.log())
-            self.head.weight.mul_(0.5)
+        self.head = zipf_head(hidden, vocab, zipf)
 
     @property
     def bos(self):
