@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .methods import Method, get
+from .methods import get
 
 
 def check_gradient(method, logp, logp_old, adv, mask=None, agg="token-mean"):
@@ -15,5 +15,3 @@ def check_gradient(method, logp, logp_old, adv, mask=None, agg="token-mean"):
     closed = method.expected_grad(logp, logp_old, adv, mask, agg).to(autograd.dtype)
     return autograd, closed, float((autograd - closed).abs().max())
 
-
-__all__ = ["Method", "check_gradient"]
