@@ -80,6 +80,14 @@ def sequence_log_ratio(logp, logp_old, mask):
     return token_log_ratio(logp, logp_old, mask).sum(-1) / lengths
 
 
+def gate_log_ratio(logp, logp_old, mask, level="token"):
+    """[B, T]: the log-ratio each token's gate sees: its own at token level, its sequence's
+    (broadcast over the tokens) at sequence level."""
+    if level == "sequence":
+        return sequence_log_ratio(logp, logp_old, mask)[:, None].expand_as(logp)
+    return token_log_ratio(logp, logp_old, mask)
+
+
 def ratio_from_log(log_ratio):
     """ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP))."""
     return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))

@@ -340,10 +340,7 @@ def _gate_stats(method, logp, logp_old, adv, mask):
     adv_t = adv[:, None].expand_as(logp)
     if gate_fn is None:
         return None, adv_t
-    if getattr(method, "level", "token") == "sequence":
-        log_ratio = nx.sequence_log_ratio(logp, logp_old, mask)[:, None].expand_as(logp)
-    else:
-        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
+    log_ratio = nx.gate_log_ratio(logp, logp_old, mask, getattr(method, "level", "token"))
     gate = gate_fn(nx.ratio_from_log(log_ratio), adv_t)
     return torch.as_tensor(gate).expand_as(logp).float(), adv_t
 

@@ -108,10 +108,11 @@ class Method:
     def expected_grad(self, logp, logp_old, adv, mask=None, agg="token-mean"):
         """Closed-form ∂loss/∂logp = −f'(ρ; A)·ρ·A·w_t (eq. 5), w_t the aggregation weight.
 
-        Where the log-ratio clamp is active the gradient is zero.
+        ρ is the ratio the gate sees (ρ_s for sequence-level methods). Where the log-ratio clamp
+        is active the gradient is zero.
         """
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask, agg)
-        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
+        log_ratio = nx.gate_log_ratio(logp, logp_old, mask, self.level)
         inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP
         ratio = nx.ratio_from_log(log_ratio)
         w = nx.aggregation_weight(mask, agg).to(logp.dtype)
@@ -222,14 +223,6 @@ class GSPO(SignClip):
     def token_objective(self, logp, logp_old, adv, mask):
         ratio = nx.ratio_from_log(self._sequence_log_ratio_per_token(logp, logp_old, mask))
         return self._weight(ratio, adv) * adv
-
-    def expected_grad(self, logp, logp_old, adv, mask=None, agg="token-mean"):
-        logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask, agg)
-        log_ratio = nx.sequence_log_ratio(logp, logp_old, mask)[:, None].expand_as(logp)
-        inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP
-        ratio = nx.ratio_from_log(log_ratio)
-        w = nx.aggregation_weight(mask, agg).to(logp.dtype)
-        return -self._gate(ratio, adv) * ratio * adv * w * inside
 
 
 class SAO(Method):
