@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Export every chapter's code cells to plain .py files, so that library tools can read them.
+
+    python scripts/export_chapters.py [OUT]      (default OUT: _build/chapter_code)
+
+`ruff` reads notebooks itself; the duplicate check and other text tools do not, so the check
+(`tasks.py check`) exports the code here and runs them over the result. Each cell is one
+`# %%` block headed by its number and tags, so a finding points back to its cell.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def export(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        cells = json.loads(nb_path.read_text())["cells"]
+        parts = [f"# Code cells of chapters/{nb_path.name}, exported by scripts/export_chapters.py\n"]
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            tags = cell.get("metadata", {}).get("tags", [])
+            source = "".join(cell["source"])
+            magic = [line for line in source.splitlines() if line.lstrip().startswith(("%", "!"))]
+            body = "\n".join(f"# {line}" if line in magic else line for line in source.splitlines())
+            parts.append(f"# %% cell {i} {' '.join(tags)}".rstrip() + "\n" + body + "\n")
+        path = out / f"{nb_path.stem}.py"
+        path.write_text("\n".join(parts))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "_build" / "chapter_code"
+    for p in export(target):
+        print(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
