@@ -624,6 +624,7 @@ def plot_runs(runs: dict, key: str, ax=None, band="minmax", colors=None, smooth=
 
 __all__ = [
     "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy",
-    "LabResult", "PatternTask", "curves", "default_agg", "method_color", "method_name", "plot_runs", "resolve",
+    "LabResult", "PatternTask", "curves", "default_agg", "method_color", "method_name",
+    "plot_runs", "resolve",
     "run_many", "summary", "summary_table", "train",
 ]

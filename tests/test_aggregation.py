@@ -1,13 +1,11 @@
 """The aggregation modes, Dr. GRPO's constant normaliser in particular."""
 
-import math
 
 import pytest
 import torch
 
 import rlgates
-from rlgates import byo
-from tests.conftest import METHODS, make_batch
+from tests.conftest import make_batch
 
 F64 = torch.float64
 

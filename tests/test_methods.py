@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import rlgates
-from rlgates import byo
-from tests.conftest import METHODS, make_batch
+from tests.conftest import make_batch
 
 F64 = torch.float64
 

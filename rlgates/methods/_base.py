@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .. import _numerics as nx
 
 #: name -> class, filled by `@register` in the family modules (clip, window, smooth, ...).

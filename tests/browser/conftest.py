@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from bookserver import BOOK, CHROMIUM, LAUNCH_ARGS, Offline, QuietHandler
 
-
 REQUIRED = os.environ.get("RLGATES_REQUIRE_BROWSER") == "1"
 
 
