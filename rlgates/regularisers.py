@@ -81,7 +81,7 @@ def _mask(mask, shape, device):
 def kl_estimate(logp, logp_ref, estimator="k3"):
     """Per-token KL estimate from d = logp − logp_ref (any shape; gradient flows into logp)."""
     _estimator(estimator)
-    _same_shape(_tensor(logp_ref, "logp_ref"), "logp_ref", _tensor(logp, "logp"))
+    _same_shape(logp_ref, "logp_ref", _tensor(logp, "logp"))
     d = logp - logp_ref.detach()
     if estimator == "k1":
         return d
@@ -154,8 +154,8 @@ def _logits(x, name):
 
 def kl_exact(logits_p, logits_q):
     """KL(p‖q) = Σ_x p(x)(log p(x) − log q(x)) for p = softmax(logits_p), q = softmax(logits_q)."""
-    _same_shape(_logits(logits_q, "logits_q"), "logits_q", _logits(logits_p, "logits_p"),
-                "logits_p")
+    _logits(logits_p, "logits_p")
+    _same_shape(_logits(logits_q, "logits_q"), "logits_q", logits_p, "logits_p")
     lp, lq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
     return (lp.exp() * (lp - lq)).sum(-1)
 
@@ -166,8 +166,8 @@ def kl_exact_grads(logits, logits_ref):
     ∇_z KL(π_θ‖π_ref) = π_θ ⊙ (d − E_{π_θ}[d]),  d = log π_θ − log π_ref   (reverse KL)
     ∇_z KL(π_ref‖π_θ) = π_θ − π_ref                                          (forward KL)
     """
-    _same_shape(_logits(logits_ref, "logits_ref"), "logits_ref", _logits(logits, "logits"),
-                "logits")
+    _logits(logits, "logits")
+    _same_shape(_logits(logits_ref, "logits_ref"), "logits_ref", logits, "logits")
     lp = torch.log_softmax(logits.detach(), -1)
     lr = torch.log_softmax(logits_ref.detach(), -1)
     p, d = lp.exp(), lp - lr
@@ -184,8 +184,8 @@ def kl_expectation(logits, logits_ref, estimator="k3", logits_old=None, correcti
     True also differentiates π_s (only meaningful when π_s is π_θ): ∇ of E_{π_θ}[k] itself.
     """
     _estimator(estimator)
-    _same_shape(_logits(logits_ref, "logits_ref"), "logits_ref", _logits(logits, "logits"),
-                "logits")
+    _logits(logits, "logits")
+    _same_shape(_logits(logits_ref, "logits_ref"), "logits_ref", logits, "logits")
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
     if logits_old is not None:
