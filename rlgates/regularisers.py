@@ -250,7 +250,8 @@ class KLPlacement:
 
     adv: torch.Tensor          # the task advantage A_t
     adv_shaped: torch.Tensor   # A'_t = A_t − β·Σ_{t'≥t} k_{t'}: KL in the reward
-    gate_open: torch.Tensor    # bool, f'(ρ_t; A'_t) ≠ 0
+    open_reward: torch.Tensor  # bool, f'(ρ_t; A'_t) ≠ 0: the gate with KL in the reward
+    open_loss: torch.Tensor    # bool, f'(ρ_t; A_t) ≠ 0: the gate with KL in the loss
     reward_kl_grad: torch.Tensor  # KL's share of the reward route: −f'(ρ; A')·ρ·(A'−A)·w
     reward_grad: torch.Tensor     # autograd of method.loss with A'
     loss_kl_grad: torch.Tensor    # autograd of kl_loss: β·∂k/∂logp·w, whatever the gate
@@ -289,7 +290,9 @@ def kl_placement(method, logp, logp_old, logp_ref, adv, mask=None, beta=0.04, ag
         method.loss(leaf, logp_old, adv_shaped, mask, agg=agg), leaf)
     log_ratio = nx.gate_log_ratio(leaf.detach(), logp_old, mask, method.level)
     ratio = nx.ratio_from_log(log_ratio)
-    gate = method.gate(ratio, adv_shaped) * (log_ratio.abs() <= nx.LOG_RATIO_CLAMP)
+    inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP
+    gate = method.gate(ratio, adv_shaped) * inside
+    open_loss = (method.gate(ratio, adv) * inside != 0) & mask
     w = nx.aggregation_weight(mask, agg).to(logp.dtype)
     reward_kl_grad = -gate * ratio * (adv_shaped - adv) * w
 
@@ -300,5 +303,5 @@ def kl_placement(method, logp, logp_old, logp_ref, adv, mask=None, beta=0.04, ag
     total = (method.loss(leaf_all, logp_old, adv, mask, agg=agg)
              + kl_loss(leaf_all, logp_ref, mask, beta, loss_estimator, agg))
     (loss_grad,) = torch.autograd.grad(total, leaf_all)
-    return KLPlacement(adv, adv_shaped, (gate != 0) & mask, reward_kl_grad, reward_grad,
-                       loss_kl_grad, loss_grad)
+    return KLPlacement(adv, adv_shaped, (gate != 0) & mask, open_loss, reward_kl_grad,
+                       reward_grad, loss_kl_grad, loss_grad)

@@ -296,10 +296,14 @@ def test_kl_placement_token_by_token(name):
     assert torch.allclose(out.loss_grad, m.expected_grad(logp, logp_old, adv, mask, agg=agg)
                           + out.loss_kl_grad, rtol=1e-12, atol=1e-16)
     if name != "sapo":  # a hard gate: some tokens shut
-        shut = mask & ~out.gate_open
+        shut = mask & ~out.open_reward
         assert shut.any()
         assert out.reward_kl_grad[shut].abs().max() == 0 and out.reward_grad[shut].abs().max() == 0
         assert (out.loss_kl_grad[shut] != 0).all()
+        shut_loss = mask & ~out.open_loss  # with KL in the loss, the gate sees A itself
+        assert torch.equal(out.open_loss, (m.gate((logp - logp_old).exp(), adv[:, None]) > 0)
+                           & mask)
+        assert (out.loss_grad[shut_loss] == out.loss_kl_grad[shut_loss]).all()
 
 
 def test_kl_placement_beta_zero_routes_agree():
