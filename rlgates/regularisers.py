@@ -276,7 +276,7 @@ def kl_placement(method, logp, logp_old, logp_ref, adv, mask=None, beta=0.04, ag
     beta = _beta(beta)
     _estimator(reward_estimator)
     _estimator(loss_estimator)
-    agg = getattr(method, "agg", "token-mean") if agg is None else agg
+    agg = method.agg if agg is None else agg
     logp, logp_old, adv, mask = nx.check_loss_inputs(logp, logp_old, adv, mask, agg)
     _same_shape(logp_ref, "logp_ref", logp)
     logp_ref = logp_ref.detach().to(logp.dtype)
