@@ -71,9 +71,7 @@ def _mask(mask, shape, device):
     if mask.shape != shape:
         raise ValueError(f"mask must have shape {tuple(shape)}, got {tuple(mask.shape)}")
     if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must be bool or hold only 0 and 1")
-        mask = mask != 0
+        mask = nx._bool_mask(mask)  # the losses' rule: 0/1 floats or ints, one pass each
     return mask
 
 
