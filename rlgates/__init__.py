@@ -6,8 +6,7 @@
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective
 """
 
-from . import byo, more_methods  # more_methods registers dual_clip, cispo, reinforce
-from . import offpolicy
+from . import byo, more_methods, offpolicy  # more_methods registers dual_clip, cispo, reinforce
 from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
