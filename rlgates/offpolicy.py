@@ -28,13 +28,13 @@ a factor outside the gate. The corrections differ only in what they do with w:
 Each works at token level (one w_t per token) or at sequence level (w = Π_t w_t, the product over
 the response, as verl and TRL compute it, broadcast to every token of the response).
 
-`weighted_loss` and `weighted_expected_grad` put w into any `rlgates` method's loss.
-`OffPolicyLoss` packages a gate and a correction for `rlgates.lab.train` under lag k.
+Every method takes the weight as ``m.loss(logp, logp_prox, adv, mask, is_weight=w)`` (and
+``m.expected_grad(..., is_weight=w)`` for the closed form). `OffPolicyLoss` packages a gate and a
+correction for `rlgates.lab.train` under lag k.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -168,57 +168,6 @@ def importance_weight(logp_target, logp_behaviour, mask=None, correction="tis", 
 
 
 # ---------------------------------------------------------------------------------------------
-# the weighted loss: w multiplies each token's objective, outside the gate
-# ---------------------------------------------------------------------------------------------
-def _check_is_weight(is_weight, logp):
-    w = nx.as_float(is_weight, "is_weight").detach()
-    B, T = logp.shape
-    if w.shape == (B,):
-        w = w[:, None]
-    elif w.shape != (B, T):
-        raise ValueError(f"is_weight must be [B]=({B},) or [B, T]=({B}, {T}), "
-                         f"got {tuple(w.shape)}")
-    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-        raise ValueError("is_weight must be finite and ≥ 0")
-    return w.to(logp.dtype).expand(B, T)
-
-
-def _takes_is_weight(fn) -> bool:
-    try:
-        return "is_weight" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _agg(method, agg):
-    return agg if agg is not None else (getattr(method, "agg", None) or "token-mean")
-
-
-def weighted_loss(method, logp, logp_old, adv, mask=None, agg=None, is_weight=None):
-    """`method.loss` with a stop-gradient factor `is_weight` ([B] or [B, T]) on each token's
-    objective: minus the aggregate of w·f(ρ; A)·A. With is_weight=None it is `method.loss`."""
-    agg = _agg(method, agg)
-    if is_weight is None:
-        return method.loss(logp, logp_old, adv, mask, agg)
-    if _takes_is_weight(method.loss):  # the library's own keyword, where it exists
-        return method.loss(logp, logp_old, adv, mask, agg, is_weight=is_weight)
-    logp, logp_old, adv, mask = nx.check_loss_inputs(logp, logp_old, adv, mask, agg)
-    w = _check_is_weight(is_weight, logp)
-    return -nx.aggregate(method.token_objective(logp, logp_old, adv, mask) * w, mask, agg)
-
-
-def weighted_expected_grad(method, logp, logp_old, adv, mask=None, agg=None, is_weight=None):
-    """Closed form of ∂weighted_loss/∂logp: −w·f'(ρ; A)·ρ·A·(aggregation weight)."""
-    agg = _agg(method, agg)
-    if is_weight is not None and _takes_is_weight(method.expected_grad):
-        return method.expected_grad(logp, logp_old, adv, mask, agg, is_weight=is_weight)
-    grad = method.expected_grad(logp, logp_old, adv, mask, agg)
-    if is_weight is None:
-        return grad
-    return grad * _check_is_weight(is_weight, logp.detach()).to(grad.dtype)
-
-
-# ---------------------------------------------------------------------------------------------
 # a gate plus a correction, for the lab under lag k
 # ---------------------------------------------------------------------------------------------
 class OffPolicyLoss:
@@ -275,7 +224,7 @@ class OffPolicyLoss:
             if behav is not None:
                 w = self.correction.weight(logp_old, behav, mask)
         self.last_weight = w
-        return weighted_loss(self.method, logp, logp_old, adv, mask, agg, is_weight=w)
+        return self.method.loss(logp, logp_old, adv, mask, agg, is_weight=w)
 
     def __repr__(self):
         return f"OffPolicyLoss({self.method!r}, {self.correction!r})"
@@ -332,6 +281,5 @@ def verdict(lo, hi, more="higher", less="lower"):
 
 __all__ = [
     "CORRECTIONS", "LEVELS", "Correction", "OffPolicyLoss", "importance_weight", "log_weight",
-    "paired_interval", "t975", "train_arm", "verdict", "weighted_expected_grad",
-    "weighted_loss",
+    "paired_interval", "t975", "train_arm", "verdict",
 ]

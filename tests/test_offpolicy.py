@@ -101,17 +101,20 @@ def test_weight_carries_no_gradient():
 @pytest.mark.parametrize("per_token_weight", [True, False])
 def test_autograd_equals_closed_form_with_weight(name, agg, kind, level, per_token_weight):
     logp, logp_old, adv, mask = make_batch(seed=4, scale=0.5)
-    if name == "gspo":
+    m = rlgates.get(name)
+    if m.level == "sequence":
         logp = logp_old + 3e-4 * torch.randn_like(logp)
-    behaviour = logp_old + 0.6 * torch.randn_like(logp_old)
+    spread = 0.6 if level == "token" else 0.1  # keep some sequences inside the band
+    behaviour = logp_old + spread * torch.randn_like(logp_old)
     w = op.importance_weight(logp_old, behaviour, mask, kind, level=level)
     if not per_token_weight:
         w = w.amax(-1)  # a [B] weight
     m = rlgates.get(name)
     leaf = logp.clone().requires_grad_(True)
-    (auto,) = torch.autograd.grad(op.weighted_loss(m, leaf, logp_old, adv, mask, agg, w), leaf)
-    closed = op.weighted_expected_grad(m, logp, logp_old, adv, mask, agg, w)
+    (auto,) = torch.autograd.grad(m.loss(leaf, logp_old, adv, mask, agg, is_weight=w), leaf)
+    closed = m.expected_grad(logp, logp_old, adv, mask, agg, is_weight=w)
     assert (auto - closed).abs().max() < 1e-14
+    assert rlgates.check_gradient(m, logp, logp_old, adv, mask, agg, is_weight=w)[2] < 1e-14
     # the weight is a factor outside the gate: w × the unweighted gradient
     (plain,) = torch.autograd.grad(m.loss(leaf, logp_old, adv, mask, agg), leaf)
     wf = w if w.dim() == 2 else w[:, None]
@@ -126,26 +129,24 @@ def test_finite_differences_of_the_weighted_loss(name_):
     w = op.importance_weight(logp_old, behaviour, mask, "icepop")
     m = rlgates.get(name_)
     leaf = logp.clone().requires_grad_(True)
-    (auto,) = torch.autograd.grad(op.weighted_loss(m, leaf, logp_old, adv, mask, None, w), leaf)
+    (auto,) = torch.autograd.grad(m.loss(leaf, logp_old, adv, mask, is_weight=w), leaf)
     h = 1e-6
     fd = torch.zeros_like(logp)
     for idx in zip(*torch.nonzero(mask, as_tuple=True), strict=True):
         up, dn = logp.clone(), logp.clone()
         up[idx] += h
         dn[idx] -= h
-        fd[idx] = (op.weighted_loss(m, up, logp_old, adv, mask, None, w)
-                   - op.weighted_loss(m, dn, logp_old, adv, mask, None, w)) / (2 * h)
+        fd[idx] = (m.loss(up, logp_old, adv, mask, is_weight=w)
+                   - m.loss(dn, logp_old, adv, mask, is_weight=w)) / (2 * h)
     assert torch.allclose(auto, fd, rtol=1e-6, atol=1e-8)
 
 
-def test_no_weight_is_the_method_loss(name):
+def test_unit_weight_is_the_method_loss(name):
     logp, logp_old, adv, mask = make_batch(seed=7)
     m = rlgates.get(name)
-    assert torch.equal(op.weighted_loss(m, logp, logp_old, adv, mask, "token-mean"),
-                       m.loss(logp, logp_old, adv, mask, "token-mean"))
-    ones = torch.ones(logp.shape[0], dtype=logp.dtype)
-    assert torch.allclose(op.weighted_loss(m, logp, logp_old, adv, mask, "token-mean", ones),
-                          m.loss(logp, logp_old, adv, mask, "token-mean"), rtol=1e-15)
+    ones = op.importance_weight(logp, logp, mask, "tis")
+    assert torch.allclose(m.loss(logp, logp_old, adv, mask, is_weight=ones),
+                          m.loss(logp, logp_old, adv, mask), rtol=1e-15, atol=0)
 
 
 def test_identities_by_enumeration():
@@ -251,12 +252,10 @@ def test_bad_weights_and_shapes():
     logp, logp_old, adv, mask = make_batch(seed=8)
     m = rlgates.get("ppo")
     B, T = logp.shape
-    with pytest.raises(ValueError, match="is_weight must be"):
-        op.weighted_loss(m, logp, logp_old, adv, mask, None, torch.ones(B + 1))
-    with pytest.raises(ValueError, match="finite and ≥ 0"):
-        op.weighted_loss(m, logp, logp_old, adv, mask, None, -torch.ones(B))
-    with pytest.raises(ValueError, match="finite and ≥ 0"):
-        op.weighted_loss(m, logp, logp_old, adv, mask, None, torch.full((B, T), math.nan))
+    for bad in (torch.ones(B + 1, dtype=logp.dtype), -torch.ones(B, dtype=logp.dtype),
+                torch.full((B, T), math.nan, dtype=logp.dtype)):
+        with pytest.raises(ValueError, match="is_weight must be"):
+            m.loss(logp, logp_old, adv, mask, is_weight=bad)
     with pytest.raises(ValueError, match="must both be"):
         op.importance_weight(logp, logp_old[:, :-1], None)
     with pytest.raises(ValueError, match="mask must be"):
