@@ -215,7 +215,12 @@ class OffPolicyLoss:
         if self._prox is None:
             return None
         d = (logp_old[:, None, :] - self._prox[None, :, :]).abs().amax(-1)
-        return self._behav[d.argmin(1)]
+        best = d.min(1)
+        if bool((best.values > 1e-5).any()):
+            raise ValueError("OffPolicyLoss: logp_old is not the proximal policy recomputed at "
+                             "the step start; train with LabConfig(recompute_old=True) and "
+                             "hook=obj.hook")
+        return self._behav[best.indices]
 
     def loss(self, logp, logp_old, adv, mask=None, agg=None):
         w = None

@@ -220,6 +220,13 @@ def test_lab_under_lag_uses_weights_away_from_one():
     assert seen and float(w.max()) <= 2.0 and float((w - 1).abs().max()) > 1e-3
 
 
+def test_a_rollout_anchor_is_refused():
+    """With recompute_old=False the lab hands over the rollout log-probs, not the proximal ones."""
+    m = op.OffPolicyLoss("ppo", "tis")
+    with pytest.raises(ValueError, match="recompute_old=True"):
+        lab.train(m, lab.LabConfig(steps=3), lag=2, hook=m.hook, progress=False)
+
+
 # --- statistics --------------------------------------------------------------------------------
 def test_paired_interval_and_verdict():
     a = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
