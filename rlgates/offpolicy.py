@@ -203,6 +203,8 @@ class OffPolicyLoss:
         if event == "update":
             self._policy = info["policy"]
         elif event == "rollout":
+            if info.get("step") == 0:  # a new run: forget the last run's policy
+                self._policy = None
             self._behav = info["logp_rollout"]
             if self._policy is None:  # step 0: no update yet, the sampler is the initial policy
                 self._prox = None

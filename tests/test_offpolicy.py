@@ -178,7 +178,7 @@ def test_behaviour_rows_follow_a_permuted_minibatch():
     tokens = torch.arange(6)[:, None].expand(6, 4)
     loss = op.OffPolicyLoss("ppo", "tis")
     loss.hook("update", {"update": 1, "policy": _FakePolicy(prox)})
-    loss.hook("rollout", {"tokens": tokens, "prompts": None, "logp_rollout": behav})
+    loss.hook("rollout", {"step": 3, "tokens": tokens, "prompts": None, "logp_rollout": behav})
     idx = torch.tensor([4, 0, 5])
     mask = torch.ones(3, 4, dtype=torch.bool)
     loss.loss(prox[idx].clone(), prox[idx], torch.ones(3, dtype=torch.float64), mask)
@@ -218,6 +218,15 @@ def test_lab_under_lag_uses_weights_away_from_one():
     op.train_arm(m, "proximal", cfg, seed=0, lag=2)
     w = torch.cat([x.flatten() for x in seen])
     assert seen and float(w.max()) <= 2.0 and float((w - 1).abs().max()) > 1e-3
+
+
+def test_one_object_serves_several_runs():
+    cfg = lab.LabConfig(steps=3)
+    reused = op.OffPolicyLoss("ppo", "mis")
+    first = op.train_arm(reused, "proximal", cfg, seed=0, lag=2)
+    second = op.train_arm(reused, "proximal", cfg, seed=1, lag=2)
+    fresh = op.train_arm(op.OffPolicyLoss("ppo", "mis"), "proximal", cfg, seed=1, lag=2)
+    assert second["loss"] == fresh["loss"] and first["loss"] != second["loss"]
 
 
 def test_a_rollout_anchor_is_refused():
