@@ -16,7 +16,8 @@ that reads well anywhere:
   is missing, and makes `from myst_nb import glue` work where myst-nb is not installed.
 
 Code cells are copied unchanged (outputs dropped), so the chapter's own execution (nbval's, once
-per check) executes them; the added first cell is tested on its own (tests/test_reader_notebooks.py).
+per check) executes them; the added first cell is tested on its own
+(tests/test_reader_notebooks.py).
 
 As a Sphinx extension (_config.yml, sphinx.local_extensions), it runs when the book build finishes:
 it writes the reader notebooks to <build>/reader/chapters/ and puts them where the page's download
@@ -261,7 +262,7 @@ class Page:
         if target.startswith("/"):
             doc = target.lstrip("/")
         else:
-            doc = str((Path(self.doc).parent / target)).replace("\\", "/")
+            doc = str(Path(self.doc).parent / target).replace("\\", "/")
             while re.search(r"[^/.]+/\.\./", doc):
                 doc = re.sub(r"[^/.]+/\.\./", "", doc, count=1)
         return f"[{text or self.book.titles.get(doc, doc)}]({self.book.page(doc)})"
@@ -283,7 +284,8 @@ class Page:
         if name == "explorer":
             tm = REF_WITH_TEXT.match(content)
             text, method = (tm.group("text"), tm.group("target")) if tm else ("", content)
-            return f"[{text or f'the gate explorer ({method})'}]({self.book.web}explorer.html#{method})"
+            text = text or f"the gate explorer ({method})"
+            return f"[{text}]({self.book.web}explorer.html#{method})"
         if name in ("sub", "sup"):
             return f"<{name}>{content}</{name}>"
         if name in ("abbr",):
@@ -380,7 +382,7 @@ class Page:
             inner = FENCE_OPEN.match(lines[j])
             if inner and inner.group("fence")[0] == char and len(inner.group("fence")) >= n:
                 depth += 1
-            elif re.fullmatch(re.escape(char) + "{%d,}" % n, s):
+            elif re.fullmatch(re.escape(char) + f"{{{n},}}", s):
                 if depth == 0:
                     return j + 1, body
                 depth -= 1
@@ -415,8 +417,8 @@ class Page:
         if name in EXERCISE_DIRECTIVES:
             return self.exercise(name, arg, opts, inner, anchor)
         if name in ADMONITIONS:
-            title = self.roles(arg) if arg else ("" if name == "admonition" else
-                                                   "See also" if name == "seealso" else name.title())
+            default = {"admonition": "", "seealso": "See also"}.get(name, name.title())
+            title = self.roles(arg) if arg else default
             if folded:
                 return self.details(title or "Details", inner)
             return anchor + self.quote(title, inner)
@@ -433,7 +435,8 @@ class Page:
             alt = opts.get("alt", "")
             img = [f"![{alt}]({arg})"]
             caption = [x for x in inner if x.strip()]
-            return anchor + img + ([""] + ["*" + " ".join(caption).strip() + "*"] if caption else [])
+            text = ["", "*" + " ".join(caption).strip() + "*"] if caption else []
+            return anchor + img + text
         if name in ("code-block", "code", "sourcecode", "code-cell"):
             return ["```" + arg, *content, "```"]
         if name in ("epigraph", "pull-quote", "highlights"):

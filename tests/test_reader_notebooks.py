@@ -278,6 +278,8 @@ READER = BUILD / "reader"
 
 @pytest.fixture(scope="module")
 def built() -> dict[str, nbformat.NotebookNode]:
+    if os.environ.get("RLGATES_REQUIRE_BOOK") == "0":
+        pytest.skip("the check tests the reader notebooks after it builds the book")
     if not (READER / "problems.json").is_file():
         if os.environ.get("RLGATES_REQUIRE_BOOK") == "1":
             pytest.fail(f"no reader notebooks in {READER}: build the book first")
