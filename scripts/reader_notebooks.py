@@ -526,9 +526,12 @@ def reader_notebook(doc: str, nb, book: Book):
         f"book, made to run in Jupyter, Colab or Binder. Run the cells in order; the first one "
         f"installs `rlgates` when it is missing.*")
     header.id = "reader-header"
+    exercises = False  # inside "## Exercises": a worked solution's output is an answer too
     for cell in new.cells:
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type == "markdown":
+            for h in re.finditer(r"^##\s+(.*)$", cell.source, re.M):
+                exercises = h.group(1).strip().lower().startswith("exercise")
             was_in_solution = page.in_solution
             cell.source = page.markdown(cell.source)
             cells.append(cell)
@@ -546,7 +549,7 @@ def reader_notebook(doc: str, nb, book: Book):
         elif "remove-cell" in tags:
             _fold(cell)  # checks and glue: they run, folded out of the way
         elif "hide-input" in tags or "remove-input" in tags:
-            _fold(cell, outputs=False)
+            _fold(cell, outputs=exercises)
         elif "hide-output" in tags:
             _fold(cell, source=False)
         cells.append(cell)
