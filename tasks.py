@@ -143,6 +143,8 @@ def check() -> None:
     sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
        "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
     ensure_chromium()
+    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
+    # (a plain `pytest` skips them instead)
     browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
     sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
        "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py", env=browser_env)
