@@ -338,3 +338,79 @@ def test_launch_buttons_read_the_configured_repository(built):
     binder = f"https://mybinder.org/v2/gh/{org_repo}/{branch}?urlpath=lab/tree/{doc}.ipynb"
     assert colab in html and binder in html.replace("&amp;", "&")
     assert "/./" not in re.sub(r"https?://", "", " ".join(re.findall(r'href="([^"]+)"', html)))
+
+
+# ------------------------------------------------------------------ Binder, CI, licence, citation
+# what a chapter may import beyond Binder's light environment: the standard library, rlgates,
+# IPython (Binder's Jupyter), myst_nb (the set-up cell's stand-in), and chapter 14's trainers,
+# which Binder does not install (that chapter's trainer cells need a machine of your own)
+NOT_IN_BINDER = {"rlgates", "IPython", "myst_nb", "trl", "verl", "transformers", "datasets",
+                 "accelerate", "peft", "vllm", "ray"}
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_binder_environment_is_light_and_covers_the_chapters():
+    binder = _pins(ROOT / "binder" / "requirements.txt")
+    main = _pins(ROOT / "requirements.txt")
+    assert set(binder) == {"torch", "numpy", "matplotlib", "ipywidgets"}
+    assert all(main[name] == version for name, version in binder.items())  # same versions
+    imported = set()
+    for doc in rn.chapters(ROOT):
+        nb = nbformat.read(str(ROOT / f"{doc}.ipynb"), as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                imported |= set(re.findall(r"^\s*(?:from|import)\s+(\w+)", c.source, re.M))
+    third_party = {m for m in imported - NOT_IN_BINDER if m not in sys.stdlib_module_names}
+    assert third_party <= set(binder), third_party - set(binder)
+    post = (ROOT / "binder" / "postBuild").read_text()
+    assert "pip install --no-deps" in post and os.access(ROOT / "binder" / "postBuild", os.X_OK)
+
+
+def test_workflow_runs_the_test_command_in_debian_and_deploys_pages():
+    import yaml
+
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    check = wf["jobs"]["check"]
+    assert re.fullmatch(r"python:3\.11-(bookworm|trixie)", check["container"]["image"])
+    runs = [s.get("run", "") for s in check["steps"]]
+    assert "python3 tasks.py check" in runs
+    uploads = [s for s in check["steps"] if str(s.get("uses", "")).startswith(
+        "actions/upload-pages-artifact")]
+    assert uploads and uploads[0]["with"]["path"] == "_build/html"
+    assert any(str(s.get("uses", "")).startswith("actions/deploy-pages")
+               for s in wf["jobs"]["pages"]["steps"])
+    assert "push --force" in wf["jobs"]["notebooks"]["steps"][-1]["run"]
+    _, branch = rn.repository(rn.read_config())
+    assert f"git init -q -b {branch}" in wf["jobs"]["notebooks"]["steps"][-1]["run"]
+
+
+def test_licences_and_citation():
+    import yaml
+
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    content = (ROOT / "LICENSE-CONTENT").read_text()
+    assert "Creative Commons Attribution 4.0 International" in content and len(content) > 15000
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["title"] and cff["authors"] and cff["message"]
+    url, _ = rn.repository(rn.read_config())
+    assert cff["repository-code"] == url and cff["url"] == rn.pages_url(url)
+    assert set(cff["license"]) == {"MIT", "CC-BY-4.0"}
+
+
+def test_notebooks_branch_tree(built, tmp_path):
+    import notebooks_branch
+
+    files = {str(p) for p in notebooks_branch.assemble(tmp_path / "tree", "abc123")}
+    for doc in built:
+        assert f"{doc}.ipynb" in files  # where the launch buttons point
+    assert {"binder/requirements.txt", "binder/postBuild", "pyproject.toml", "LICENSE",
+            "LICENSE-CONTENT", "CITATION.cff", "rlgates/__init__.py", "README.md"} <= files
+    assert not any("__pycache__" in f for f in files)
