@@ -303,16 +303,23 @@ class Page:
         return ROLE_OR_CODE.sub(lambda m: self.role(m) if m.group(1) else m.group(0), text)
 
     # --- directives
-    def markdown(self, source: str) -> str:
+    def markdown(self, source: str, top: bool = True) -> str:
+        """Convert one Markdown text. At the top level, the prose of a gated solution (between
+        {solution-start} and {solution-end}, possibly across cells) is folded in <details>."""
         lines = source.splitlines()
-        out: list[str] = []
+        out: list[tuple[str, str | None]] = []  # (line, title of the solution it belongs to)
+
+        def emit(new_lines, fold="same"):
+            fold = self.in_solution if fold == "same" else fold
+            out.extend((x, fold) for x in new_lines)
+
         i = 0
         in_code = None
         math: list[str] | None = None
         while i < len(lines):
             line = lines[i]
             if in_code is not None:  # a plain code fence: copy verbatim
-                out.append(line)
+                emit([line])
                 if line.strip().startswith(in_code):
                     in_code = None
                 i += 1
@@ -320,20 +327,22 @@ class Page:
             if math is not None:  # inside $$ ... $$: roles are LaTeX here, copy verbatim
                 math.append(line)
                 if line.strip().startswith("$$"):
-                    out.extend(self.math_block(math))
+                    emit(self.math_block(math))
                     math = None
                 i += 1
                 continue
             f = FENCE_OPEN.match(line)
             if f:
                 j, body = self.fence_body(lines, i, f.group("fence"))
-                out.extend(self.directive(f.group("name"), f.group("arg"), body))
+                before = self.in_solution
+                converted = self.directive(f.group("name"), f.group("arg"), body)
+                emit(converted, None if f.group("name") in EXERCISE_DIRECTIVES else before)
                 i = j
                 continue
             plain = re.match(r"^\s{0,3}(`{3,}|~{3,})", line)
             if plain:
                 in_code = plain.group(1)
-                out.append(line)
+                emit([line])
                 i += 1
                 continue
             stripped = line.strip()
@@ -345,17 +354,31 @@ class Page:
                     continue
             t = TARGET.match(line)
             if t:
-                out.append(f'<a id="{t.group("label")}"></a>')
+                emit([f'<a id="{t.group("label")}"></a>'])
                 i += 1
                 continue
             if re.match(r"^%", line):  # a MyST comment
                 i += 1
                 continue
-            out.append(self.roles(line))
+            emit([self.roles(line)])
             i += 1
         if math is not None:
-            out.extend(math)
-        return "\n".join(out)
+            emit(math)
+        if not top:
+            return "\n".join(x for x, _ in out)
+        result: list[str] = []
+        k = 0
+        while k < len(out):
+            title = out[k][1]
+            run = []
+            while k < len(out) and out[k][1] == title:
+                run.append(out[k][0])
+                k += 1
+            if title and any(x.strip() for x in run):
+                result.extend(self.details(title, _trim(run)))
+            elif not title:
+                result.extend(run)
+        return "\n".join(result).strip("\n") if any(x.strip() for x in result) else ""
 
     def math_block(self, block: list[str]) -> list[str]:
         """`$$ ... $$ (label)` or a block opened by `$$`: drop the label, keep or add a tag."""
@@ -410,7 +433,7 @@ class Page:
 
     def directive(self, name: str, arg: str, body: list[str]) -> list[str]:
         opts, content = self.options(body)
-        inner = self.markdown("\n".join(content)).splitlines()
+        inner = self.markdown("\n".join(content), top=False).splitlines()
         label = opts.get("label") or opts.get("name")
         anchor = [f'<a id="{label}"></a>'] if label else []
         folded = "dropdown" in opts.get("class", "").split() or name == "dropdown"
@@ -473,10 +496,18 @@ class Page:
         if name == "solution-start":
             self.in_solution = title
             return self.details(title, inner) if any(x.strip() for x in inner) else [
-                f"*{title}: the hidden cells below (click to show).*"]
+                f"*{title}: folded below (click to open).*"]
         # solution-end
         self.in_solution = None
         return inner
+
+
+def _trim(lines: list[str]) -> list[str]:
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines
 
 
 def _data(out: dict) -> dict:
@@ -532,12 +563,9 @@ def reader_notebook(doc: str, nb, book: Book):
         if cell.cell_type == "markdown":
             for h in re.finditer(r"^##\s+(.*)$", cell.source, re.M):
                 exercises = h.group(1).strip().lower().startswith("exercise")
-            was_in_solution = page.in_solution
             cell.source = page.markdown(cell.source)
-            cells.append(cell)
-            if was_in_solution and page.in_solution and not cell.source.lstrip().startswith(
-                    "<details>"):
-                cell.source = "\n".join(Page.details(was_in_solution, cell.source.splitlines()))
+            if cell.source.strip():  # a cell that held only {solution-end} goes
+                cells.append(cell)
             continue
         if cell.cell_type != "code":
             cells.append(cell)

@@ -137,12 +137,22 @@ def test_exercise_and_gated_solution():
     assert ex.splitlines() == ['<a id="ex-07_x-1"></a>', "**Exercise 1**", "", "Predict first."]
     start = page.markdown(":::{solution-start} ex-07_x-1\n:class: dropdown\n:::\nThe prose.")
     assert page.in_solution == "Solution to Exercise 1"
-    assert "<summary><b>Solution to Exercise 1</b></summary>" not in start  # no body in it
-    assert "The prose." in start
+    assert start.splitlines() == [
+        "*Solution to Exercise 1: folded below (click to open).*",
+        "<details>", "<summary><b>Solution to Exercise 1</b></summary>", "", "The prose.", "",
+        "</details>"]
+    # one cell: the end of solution 1's prose, solution-end, exercise 2, solution-start
+    book.labels["ex-07_x-2"] = rn.Label("exercise", "chapters/07_x", "Exercise 2", "2")
+    mixed = page.markdown("More of it.\n\n:::{solution-end}\n:::\n\n:::{exercise}\n"
+                          ":label: ex-07_x-2\nNext question.\n:::\n\n"
+                          ":::{solution-start} ex-07_x-2\n:::")
+    assert mixed.index("More of it.") < mixed.index("</details>") < mixed.index("Next question")
+    assert "**Exercise 2**" in mixed and "<details>\n<summary><b>Solution to Exercise 1" in mixed
+    assert page.in_solution == "Solution to Exercise 2"
     end = page.markdown(":::{solution-end}\n:::")
     assert page.in_solution is None and end.strip() == ""
     assert not book.problems
-    for text in (ex, start, end):
+    for text in (ex, start, mixed, end):
         assert rn.myst_leftovers(text) == []
 
 
