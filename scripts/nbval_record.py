@@ -11,6 +11,8 @@ outputs, glue values included, instead of executing again.
 
 Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
 order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
+nbval drops `clear_output` and `update_display_data` messages (it prints "unhandled iopub msg"):
+a chapter that used them would show every intermediate output. None does today.
 """
 
 from __future__ import annotations

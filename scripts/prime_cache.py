@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = ROOT / "_build" / ".jupyter_cache"
 
 
-def prime(executed: Path, cache_dir: Path = DEFAULT_CACHE) -> list[Path]:
+def prime(executed: Path, cache_dir: Path = DEFAULT_CACHE, root: Path = ROOT) -> list[Path]:
     shutil.rmtree(cache_dir, ignore_errors=True)
     cache = get_cache(str(cache_dir))
     done = []
     for nb_path in sorted(executed.rglob("*.ipynb")):
-        source = ROOT / nb_path.relative_to(executed)
+        source = root / nb_path.relative_to(executed)
         if not source.is_file():
             continue
         nb = nbformat.read(str(nb_path), as_version=4)
@@ -39,7 +39,7 @@ def prime(executed: Path, cache_dir: Path = DEFAULT_CACHE) -> list[Path]:
             continue  # the chapter changed since nbval ran: let the book execute it
         cache.cache_notebook_bundle(CacheBundleIn(nb, uri=str(source)), check_validity=False,
                                     overwrite=True)
-        done.append(source.relative_to(ROOT))
+        done.append(source.relative_to(root))
     return done
 
 

@@ -424,3 +424,41 @@ def test_notebooks_branch_tree(built, tmp_path):
     assert {"binder/requirements.txt", "binder/postBuild", "pyproject.toml", "LICENSE",
             "LICENSE-CONTENT", "CITATION.cff", "rlgates/__init__.py", "README.md"} <= files
     assert not any("__pycache__" in f for f in files)
+
+
+# ----------------------------------------------------------- one execution: nbval -> the book
+def test_nbval_record_and_prime_cache(tmp_path):
+    """nbval's outputs (glue, results, streams) are written out and found by the book's cache
+    lookup; a notebook with a failing cell is not written."""
+    from jupyter_cache import get_cache
+    from prime_cache import prime
+
+    code = nbformat.v4.new_code_cell
+    good = chapter([code("x = 2"), code("from myst_nb import glue\nglue('x', x, display=False)"),
+                    code("x * 3"), code("print('hi')")])
+    bad = chapter([code("y = 1"), code("assert y == 2")])
+    (tmp_path / "nb").mkdir()
+    nbformat.write(good, str(tmp_path / "nb" / "good.ipynb"))
+    nbformat.write(bad, str(tmp_path / "nb" / "bad.ipynb"))
+    out = tmp_path / "executed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly", "-p",
+         "nbval_record", "--nbval-record", str(out), "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "nb"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300)
+    assert "1 failed" in run.stdout, run.stdout[-2000:]
+    assert not (out / "nb" / "bad.ipynb").exists()
+    nb = nbformat.read(str(out / "nb" / "good.ipynb"), as_version=4)
+    outputs = [c.outputs for c in nb.cells]
+    assert [c.execution_count for c in nb.cells] == [1, 2, 3, 4]
+    assert outputs[1][0]["metadata"]["scrapbook"]["name"] == "x"
+    assert outputs[2][0]["output_type"] == "execute_result"
+    assert outputs[2][0]["data"]["text/plain"] == "6"
+    assert outputs[3][0]["text"] == "hi\n"
+    primed = prime(out, tmp_path / "cache", root=tmp_path)
+    assert primed == [Path("nb/good.ipynb")]
+    cache = get_cache(str(tmp_path / "cache"))
+    source = nbformat.read(str(tmp_path / "nb" / "good.ipynb"), as_version=4)
+    _, merged = cache.merge_match_into_notebook(source)  # myst-nb's lookup in cache mode
+    assert [c.outputs for c in merged.cells] == outputs
