@@ -81,7 +81,7 @@ def pages_url(repo_url: str) -> str:
 
 
 def install_cell_source(repo_url: str, branch: str) -> str:
-    return f'''# Set-up for Colab and Binder; does nothing where rlgates is already installed.
+    return f'''#@title Set-up for Colab and Binder (does nothing where rlgates is installed)
 import importlib.util
 import subprocess
 import sys
@@ -551,6 +551,7 @@ def reader_notebook(doc: str, nb, book: Book):
     cells = []
     setup = nbformat.v4.new_code_cell(install_cell_source(book.repo_url, book.branch))
     setup.metadata["tags"] = [INSTALL_TAG]
+    _fold(setup, outputs=False)  # its first line says what it is; a click shows the rest
     setup.id = "reader-setup"
     header = nbformat.v4.new_markdown_cell(
         f"*This notebook is the chapter [{book.titles.get(doc, doc)}]({book.page(doc)}) of the "
@@ -655,6 +656,14 @@ def build(root: Path = ROOT, build_dir: Path | None = None) -> tuple[list[Path],
     return written, book.problems
 
 
+def serve(written: list[Path], build_dir: Path, html: Path) -> None:
+    """Put the reader notebooks where each page's download button points."""
+    for path in written:
+        target = html / "_sources" / path.relative_to(build_dir / "reader")
+        if target.parent.is_dir():
+            shutil.copy2(path, target)
+
+
 # ----------------------------------------------------------------------------- Sphinx
 def _build_finished(app, exception):
     if exception is not None or app.builder.name not in ("html", "dirhtml"):
@@ -664,12 +673,7 @@ def _build_finished(app, exception):
     log = logging.getLogger(__name__)
     build_dir = Path(app.outdir).parent
     written, problems = build(Path(app.srcdir), build_dir)
-    sources = Path(app.outdir) / "_sources"
-    for path in written:
-        rel = path.relative_to(build_dir / "reader")
-        target = sources / rel
-        if target.parent.is_dir():
-            shutil.copy2(path, target)  # the page's download button serves this file
+    serve(written, build_dir, Path(app.outdir))
     for p in problems:
         log.warning(f"reader notebook: {p}")
     log.info(f"reader notebooks: {len(written)} written to {build_dir / 'reader'}")
@@ -683,6 +687,7 @@ def setup(app):
 if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "_build"
     paths, problems = build(ROOT, target.resolve())
+    serve(paths, target.resolve(), target.resolve() / "html")
     print(f"{len(paths)} reader notebooks in {target / 'reader'}")
     for p in problems:
         print("problem:", p)
