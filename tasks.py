@@ -139,7 +139,7 @@ def check() -> None:
                                                         os.environ.get("PYTHONPATH")]))})
     # the book renders nbval's outputs instead of executing the chapters again
     sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
-    build_book("book (from nbval's outputs)")
+    build_book("book (nbval outputs)")
     sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
        "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
     ensure_chromium()
