@@ -3,7 +3,9 @@
 - Serves MathJax from the book's `_static/mathjax/` (installed by scripts/offline_assets.py at
   set-up time; installed here too if missing), so that no page fetches anything from a CDN.
 - Adds the gate explorer's script, style and data (from rlgates at build time) to explorer.html
-  only. Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
+  only.
+- The role {explorer}`sapo`: a link "open SAPO in the gate explorer" to explorer.html#sapo,
+  relative to the page it is on (the explorer opens at that method). Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
   .js and .css under `_static/` to every page.
 """
 
@@ -81,6 +83,44 @@ def _page_context(app, pagename, templatename, context, doctree):
     app.add_js_file("explorer.js", defer="defer")
 
 
+class explorer_link(nodes.reference):
+    """A link to the explorer at one method; its URI is set per builder in _resolve_explorer."""
+
+
+def explorer_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """{explorer}`sapo` -> "open SAPO in the gate explorer", linking explorer.html#sapo."""
+    method = text.strip()
+    try:
+        from rlgates.explorer_data import explorer_methods, method_entry
+
+        offered = explorer_methods()
+    except Exception as err:  # pragma: no cover - rlgates is installed with the book
+        msg = inliner.reporter.error(f"explorer role: cannot import rlgates ({err})", line=lineno)
+        return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+    if method not in offered:
+        msg = inliner.reporter.error(
+            f"explorer role: {method!r} is not in the gate explorer (offered: {offered})",
+            line=lineno)
+        return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+    title = method_entry(method)["title"]
+    node = explorer_link(rawtext, "", nodes.Text(f"open {title} in the gate explorer"),
+                         method=method, internal=True, classes=["rlgates-explorer-link"])
+    return [node], []
+
+
+def _resolve_explorer(app, doctree, docname):
+    """Give every {explorer} link its URI relative to the page it is on."""
+    for node in list(doctree.findall(explorer_link)):
+        try:
+            uri = app.builder.get_relative_uri(docname, EXPLORER_PAGE)
+        except Exception:  # a builder without page URIs (e.g. LaTeX): keep the text only
+            node.replace_self(nodes.Text(node.astext()))
+            continue
+        ref = nodes.reference(node.rawsource, "", *node.children, internal=True,
+                              refuri=f"{uri}#{node['method']}", classes=node["classes"])
+        node.replace_self(ref)
+
+
 def _no_figure_numbers(app, config):
     # sphinx_jupyterbook_latex switches numfig on for every builder; the captions name the
     # article's figures themselves ("Figure 3: ..."), so a second, book-wide number only confuses
@@ -90,7 +130,9 @@ def _no_figure_numbers(app, config):
 def setup(app):
     app.connect("config-inited", _config_inited)
     app.connect("config-inited", _no_figure_numbers, priority=900)  # after the latex extension
+    app.add_role("explorer", explorer_role)
     app.connect("doctree-resolved", _tag_outside_split)
+    app.connect("doctree-resolved", _resolve_explorer)
     app.connect("html-page-context", _drop_widget_state, priority=400)  # before myst-nb's (500)
     app.connect("html-page-context", _page_context)
     app.connect("html-page-context", _dedupe_scripts, priority=900)  # after everyone's scripts
