@@ -4,6 +4,10 @@
   set-up time; installed here too if missing), so that no page fetches anything from a CDN.
 - Adds the gate explorer's script, style and data (from rlgates at build time) to explorer.html
   only.
+- Lighter pages (after the build, in every page): no fontawesome.js (1.4 MB; the theme's CSS
+  already draws its icons from the Font Awesome web fonts, and the JS only serves custom icons),
+  no search index and search scripts outside search.html (search-as-you-type is off), and the
+  theme CSS keeps only the Font Awesome icon rules that some page or script uses.
 - The role {explorer}`sapo`: a link "open SAPO in the gate explorer" to explorer.html#sapo,
   relative to the page it is on (the explorer opens at that method). Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
   .js and .css under `_static/` to every page.
@@ -121,6 +125,57 @@ def _resolve_explorer(app, doctree, docname):
         node.replace_self(ref)
 
 
+FONTAWESOME_JS = re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/fontawesome\.js[^"]*">'
+                            r"</script>\n?")
+SEARCH_JS = re.compile(r'[ \t]*<script src="[^"]*(?:_static/searchtools\.js|_static/language_data\.js|'
+                       r'searchindex\.js)"></script>\n?')
+FA_RULE = re.compile(r'((?:\.fa-[a-z0-9-]+:(?::)?before,?)+)\{content:"[^"]*"\}')
+FA_NAME = re.compile(r"\bfa-[a-z0-9-]+")
+
+
+def _lighter_pages(app, exc):
+    """Drop what no page needs (see the module docstring); logs what it removed."""
+    if exc is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    static = out / "_static"
+    used, n_pages = set(), 0
+    for page in out.rglob("*.html"):
+        if static in page.parents:
+            continue
+        html = page.read_text(encoding="utf-8")
+        new = FONTAWESOME_JS.sub("", html)
+        if page.name != "search.html" or page.parent != out:
+            new = SEARCH_JS.sub("", new)
+        used |= set(FA_NAME.findall(new))
+        if new != html:
+            page.write_text(new, encoding="utf-8")
+            n_pages += 1
+    for script in static.rglob("*.js"):  # icons a script may add (theme switch, full screen)
+        if script.name != "fontawesome.js":
+            used |= set(FA_NAME.findall(script.read_text(encoding="utf-8", errors="replace")))
+    for name in ("fontawesome.js", "fontawesome.js.map", "fontawesome.js.LICENSE.txt"):
+        (static / "scripts" / name).unlink(missing_ok=True)
+    css = static / "styles" / "pydata-sphinx-theme.css"
+    before = after = 0
+    if css.is_file():
+        text = css.read_text(encoding="utf-8")
+
+        def keep(m):
+            sels = [s for s in m.group(1).split(",") if s and FA_NAME.search(s).group(0) in used]
+            return f"{','.join(sels)}{{{m.group(0).split('{', 1)[1]}" if sels else ""
+
+        new = FA_RULE.sub(keep, text)
+        before, after = len(text), len(new)
+        css.write_text(new, encoding="utf-8")
+    from sphinx.util import logging
+
+    logging.getLogger(__name__).info(
+        f"book_web: lighter pages: {n_pages} pages without fontawesome.js and (but search.html) "
+        f"the search index; theme CSS {before // 1024} -> {after // 1024} kB "
+        f"({len(used)} icon names kept)")
+
+
 def _no_figure_numbers(app, config):
     # sphinx_jupyterbook_latex switches numfig on for every builder; the captions name the
     # article's figures themselves ("Figure 3: ..."), so a second, book-wide number only confuses
@@ -131,6 +186,7 @@ def setup(app):
     app.connect("config-inited", _config_inited)
     app.connect("config-inited", _no_figure_numbers, priority=900)  # after the latex extension
     app.add_role("explorer", explorer_role)
+    app.connect("build-finished", _lighter_pages)
     app.connect("doctree-resolved", _tag_outside_split)
     app.connect("doctree-resolved", _resolve_explorer)
     app.connect("html-page-context", _drop_widget_state, priority=400)  # before myst-nb's (500)

@@ -113,6 +113,36 @@
     ctx.font = FONT;
   }
 
+  // Polylines [[A, log ρ], ...] where the gate (an n x n grid, row i = log ρ) crosses 1/2:
+  // per column, linear interpolation between rows; the k-th crossings of neighbouring columns
+  // on the same side of A = 0 are joined. Enough for gates that vary little along A.
+  function halfGateLines(gate, n, advLim, lim) {
+    const lines = [], level = 0.5;
+    [-1, 1].forEach(function (side) {
+      let open = [];
+      for (let j = 0; j < n; j++) {
+        const a = -advLim + (2 * advLim * j) / (n - 1);
+        if (!(a * side > 0)) continue;
+        const ys = [];
+        for (let i = 0; i + 1 < n; i++) {
+          const g0 = gate[i * n + j] - level, g1 = gate[(i + 1) * n + j] - level;
+          if ((g0 < 0) !== (g1 < 0) && g0 !== g1) {
+            const t = g0 / (g0 - g1), l0 = -lim + (2 * lim * i) / (n - 1);
+            ys.push(l0 + (t * 2 * lim) / (n - 1));
+          }
+        }
+        const next = ys.map(function (y, k) {
+          const line = k < open.length ? open[k] : [];
+          if (k >= open.length) lines.push(line);
+          line.push([a, y]);
+          return line;
+        });
+        open = next;
+      }
+    });
+    return lines.filter(function (l) { return l.length > 1; });
+  }
+
   function Panel(canvas, kind) {
     this.canvas = canvas;
     this.kind = kind; // "gate" | "signal"
@@ -163,6 +193,15 @@
       const xb = bd[1] === -1 ? 0 : DATA.adv_lim;
       ctx.beginPath(); ctx.moveTo(X(xa), Y(l)); ctx.lineTo(X(xb), Y(l)); ctx.stroke();
     });
+    // a smooth gate has no clip bounds: dash where it has fallen to one half (as rlgates.plane
+    // does), found on the grid separately for A < 0 and A > 0
+    if (!s.bounds.length) {
+      halfGateLines(s.gate, n, DATA.adv_lim, s.lim).forEach(function (line) {
+        ctx.beginPath();
+        line.forEach(function (pt, k) { if (k) ctx.lineTo(X(pt[0]), Y(pt[1])); else ctx.moveTo(X(pt[0]), Y(pt[1])); });
+        ctx.stroke();
+      });
+    }
     ctx.setLineDash([]);
     // frame, ticks, labels
     ctx.strokeStyle = "#000000"; ctx.lineWidth = 1;
@@ -172,9 +211,11 @@
       ctx.beginPath(); ctx.moveTo(X(a), b.y1); ctx.lineTo(X(a), b.y1 + 4); ctx.stroke();
       ctx.textAlign = "center"; ctx.fillText(fmt(a * DATA.adv_lim), X(a), b.y1 + 12);
     });
+    // ticks k·step for integer k (a running sum t += step drifts and can lose the end ticks)
     const step = niceStep(2 * s.lim, 4);
-    for (let t = Math.ceil(-s.lim / step) * step; t <= s.lim + 1e-12 * s.lim; t += step) {
-      const tv = Math.abs(t) < step * 1e-9 ? 0 : t;
+    const k0 = Math.ceil(-s.lim / step - 1e-9), k1 = Math.floor(s.lim / step + 1e-9);
+    for (let k = k0; k <= k1; k++) {
+      const tv = k === 0 ? 0 : k * step;
       ctx.beginPath(); ctx.moveTo(b.x0 - 4, Y(tv)); ctx.lineTo(b.x0, Y(tv)); ctx.stroke();
       ctx.textAlign = "right"; ctx.fillText(fmt(tv), b.x0 - 6, Y(tv));
     }
@@ -204,13 +245,12 @@
     ctx.fillText(this.kind === "gate" ? "A<0 open  ↔  A>0 open" : "discourage  ↔  encourage", 0, 0);
     ctx.restore();
   };
-  Panel.prototype.at = function (ev, s) {
+  // where an event falls in the plot box, as fractions [fx, fy] (0..1, fy = 0 at the top)
+  Panel.prototype.at = function (ev) {
     const r = this.canvas.getBoundingClientRect(), b = this.box;
     const x = ev.clientX - r.left, y = ev.clientY - r.top;
     if (x < b.x0 || x > b.x1 || y < b.y0 || y > b.y1) return null;
-    const a = -DATA.adv_lim + ((x - b.x0) / (b.x1 - b.x0)) * 2 * DATA.adv_lim;
-    const l = s.lim - ((y - b.y0) / (b.y1 - b.y0)) * 2 * s.lim;
-    return [a, l];
+    return [(x - b.x0) / (b.x1 - b.x0), (y - b.y0) / (b.y1 - b.y0)];
   };
 
   // ---- the widget ---------------------------------------------------------------------------
@@ -227,6 +267,29 @@
   function prettify(text) {
     const esc = text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     return esc.replace(/([A-Za-zα-ωΑ-Ω])_([A-Za-z0-9]+)/g, "$1<sub>$2</sub>");
+  }
+  // A slider's track. Where the default sits in the first 15 % of a wide range (DAPO's ε_h: 0 to
+  // 6, default 0.28) the track is a power law that puts the default near 40 % of its length, so
+  // that one pixel near the default is about one step; elsewhere it is linear. Values snap to
+  // the step; the arrow keys move by exactly one step either way.
+  const TRACK = 1000;
+  function sliderScale(p) {
+    const lo = p.range[0], hi = p.range[1], step = p.range[2];
+    const snap = function (v) {
+      const k = Math.round((Math.min(hi, Math.max(lo, v)) - lo) / step);
+      return parseFloat(Math.min(hi, lo + k * step).toPrecision(12));
+    };
+    const frac = (p.default - lo) / (hi - lo);
+    if (!(frac > 0 && frac < 0.15)) {
+      return { min: lo, max: hi, step: step, toValue: function (u) { return snap(+u); },
+               toPos: function (v) { return v; }, snap: snap };
+    }
+    const k = Math.log(frac) / Math.log(0.4);
+    return {
+      min: 0, max: TRACK, step: 1, snap: snap,
+      toValue: function (u) { return snap(lo + (hi - lo) * Math.pow(u / TRACK, k)); },
+      toPos: function (v) { return TRACK * Math.pow(Math.max(0, (v - lo) / (hi - lo)), 1 / k); },
+    };
   }
   function linspace(a, b, n) {
     const out = new Float64Array(n);
@@ -302,14 +365,26 @@
     m.params.forEach(function (p) {
       self.values[p.key] = p.default;
       const id = "gx-" + p.key, out = el("output", { for: id, class: "gx-value" });
-      const input = el("input", { type: "range", id: id, min: p.range[0], max: p.range[1],
-        step: p.range[2], value: p.default, "data-param": p.key });
-      input.value = String(p.default);
+      const sc = sliderScale(p);
+      const input = el("input", { type: "range", id: id, min: sc.min, max: sc.max,
+        step: sc.step, "data-param": p.key });
+      input.value = String(sc.toPos(p.default));
       out.textContent = fmt(p.default);
-      input.addEventListener("input", function () {
-        self.values[p.key] = parseFloat(input.value);
-        out.textContent = fmt(self.values[p.key]);
+      const set = function (v) {
+        self.values[p.key] = v;
+        out.textContent = fmt(v);
+        input.setAttribute("aria-valuetext", fmt(v));
         self.schedule();
+      };
+      input.setAttribute("aria-valuetext", fmt(p.default));
+      input.addEventListener("input", function () { set(sc.toValue(input.value)); });
+      input.addEventListener("keydown", function (ev) {
+        const dir = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[ev.key];
+        if (!dir) return;
+        ev.preventDefault();
+        const v = sc.snap(self.values[p.key] + dir * p.range[2]);
+        input.value = String(sc.toPos(v));
+        set(v);
       });
       self.sliders.appendChild(el("div", { class: "gx-slider" }, [
         el("label", { for: id, html: p.label }), input, out]));
@@ -354,12 +429,14 @@
     this.extended = lim > m.log_ratio_lim;
     this.lim = lim;
     const adv = linspace(-DATA.adv_lim, DATA.adv_lim, n), logr = linspace(-lim, lim, n);
+    this.gate = new Float64Array(n * n);
     this.signedGate = new Float64Array(n * n);
     this.signal = new Float64Array(n * n);
     for (let i = 0; i < n; i++) {
       const r = Math.exp(logr[i]);
       for (let j = 0; j < n; j++) {
         const a = adv[j], f = g.gate(r, a);
+        this.gate[i * n + j] = f;
         this.signedGate[i * n + j] = (a > 0 ? 1 : a < 0 ? -1 : 0) * f;
         this.signal[i * n + j] = f * r * a;
       }
@@ -367,7 +444,8 @@
   };
   Explorer.prototype.draw = function () {
     const s = {
-      method: this.method, lim: this.lim, bounds: this.bounds, signedGate: this.signedGate,
+      method: this.method, lim: this.lim, bounds: this.bounds, gate: this.gate,
+      signedGate: this.signedGate,
       signal: this.signal, signalMax: this.signalMax, rgb: this.rgb,
     };
     this.panels.forEach(function (p) { p.draw(s); });
@@ -379,17 +457,28 @@
       (this.bounds.length ? "; dashed lines at ρ = " + this.bounds.map(function (b) { return fmt(b[0]); }).join(", ") : "");
     this.canvases[0].setAttribute("aria-label", "Gate of " + desc);
     this.canvases[1].setAttribute("aria-label", "Learning signal of " + desc);
+    this.updateReadout();
     this.note.textContent = this.extended
       ? "The log ρ axis was widened (to ±" + fmt(this.lim) + ") so that every clip bound stays in view."
       : "";
   };
   Explorer.prototype.hover = function (ev, k) {
-    const s = { lim: this.lim }, pt = this.panels[k].at(ev, s);
-    if (!pt) return;
-    const r = Math.exp(pt[1]), f = api.gate(this.method.name, this.values, r, pt[0]);
-    this.readout.textContent = "A = " + fmt(pt[0]) + ", log ρ = " + fmt(pt[1]) + " (ρ = " + fmt(r) +
-      "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * pt[0]) +
-      (f === 0 && pt[0] !== 0 ? " — this token gets no gradient." : "");
+    const at = this.panels[k].at(ev);
+    if (!at) return;
+    this.pointer = at;
+    this.updateReadout();
+  };
+  // The values under the pointer, for the current method, sliders and axes: called on every
+  // hover and every redraw, so it never shows a previous method's (or slider's) numbers.
+  Explorer.prototype.updateReadout = function () {
+    if (!this.pointer) return;
+    const a = -DATA.adv_lim + this.pointer[0] * 2 * DATA.adv_lim;
+    const l = this.lim - this.pointer[1] * 2 * this.lim;
+    const r = Math.exp(l), f = api.gate(this.method.name, this.values, r, a);
+    this.readout.textContent = this.method.title + " at A = " + fmt(a) + ", log ρ = " + fmt(l) +
+      " (ρ = " + fmt(r) + "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * a) +
+      (f === 0 && a !== 0 ? " — this token gets no gradient." : "");
+    this.readoutAt = [a, l];
   };
 
   function start() {
