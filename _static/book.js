@@ -30,8 +30,12 @@
       if (!isTable1(t)) return;
       t.classList.add("rlg-table1");
       t.classList.remove("rlg-stacked");
-      t.querySelectorAll("mjx-container").forEach(function (m) { m.style.fontSize = ""; });
-      if (t.scrollWidth > t.clientWidth + 1) t.classList.add("rlg-stacked");
+      var wide = t.scrollWidth > t.clientWidth + 1;
+      t.querySelectorAll("td mjx-container").forEach(function (m) {
+        m.style.fontSize = "";
+        if (m.scrollWidth > m.closest("td").clientWidth + 1) wide = true;
+      });
+      if (wide) t.classList.add("rlg-stacked");
       t.querySelectorAll("td mjx-container").forEach(function (m) { fit(m, m.closest("td")); });
     });
     document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach(function (m) {
@@ -39,11 +43,27 @@
     });
   }
 
+  // lay out again when a formula changes size (MathJax's fonts arrive after its first pass)
+  var pending = false, observer = null;
+  function schedule() {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(function () { pending = false; layout(); });
+  }
+  function observe() {
+    if (!window.ResizeObserver || observer) return;
+    observer = new ResizeObserver(schedule);
+    document.querySelectorAll('.bd-article mjx-container, .bd-article table.rlg-table1 td')
+      .forEach(function (e) { observer.observe(e); });
+  }
+
   function whenTypeset() {
     var mj = window.MathJax;
     var ready = mj && mj.startup && mj.startup.promise ? mj.startup.promise : Promise.resolve();
-    ready.then(layout).catch(function () { /* MathJax reports its own errors */ });
-    if (document.fonts && document.fonts.ready) document.fonts.ready.then(layout);
+    ready.then(function () { layout(); observe(); })
+      .catch(function () { /* MathJax reports its own errors */ });
+    if (document.fonts && document.fonts.ready) document.fonts.ready.then(schedule);
+    window.addEventListener("load", schedule);
     var timer = null, width = window.innerWidth;
     window.addEventListener("resize", function () {
       if (window.innerWidth === width) return;

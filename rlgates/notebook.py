@@ -30,12 +30,31 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+def smallest_text_pt(fig) -> float | None:
+    """The size (points) of the smallest visible, non-empty text in a figure, or None."""
+    from matplotlib.text import Text
+
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip()]
+    return min(sizes) if sizes else None
+
+
 def figure_png(fig, scale: float = IMAGE_SCALE):
     """A figure as (PNG bytes, {"width", "height"}): drawn at `scale` times the figure's dpi, with
-    the display size in CSS pixels at its dpi (what Jupyter and myst-nb show it at)."""
+    the display size in CSS pixels at its dpi (what Jupyter and myst-nb show it at).
+
+    The PNG records its pixels per inch and its smallest text size (text chunks
+    `rlgates:px-per-inch`, `rlgates:min-font-pt`): the browser test turns them into the text's
+    size on the page.
+    """
     from IPython.core.pylabtools import print_figure
 
-    data = print_figure(fig, "png", bbox_inches="tight", dpi=fig.dpi * scale)
+    dpi = fig.dpi * scale
+    meta = {"rlgates:px-per-inch": f"{dpi:g}"}
+    small = smallest_text_pt(fig)
+    if small is not None:
+        meta["rlgates:min-font-pt"] = f"{small:g}"
+    data = print_figure(fig, "png", bbox_inches="tight", dpi=dpi, metadata=meta)
     if data is None:  # an empty figure: nothing to show
         return None
     w, h = _png_size(data)

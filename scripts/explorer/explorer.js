@@ -195,8 +195,10 @@
     });
     // a smooth gate has no clip bounds: dash where it has fallen to one half (as rlgates.plane
     // does), found on the grid separately for A < 0 and A > 0
+    this.halfLines = [];
     if (!s.bounds.length) {
-      halfGateLines(s.gate, n, DATA.adv_lim, s.lim).forEach(function (line) {
+      this.halfLines = halfGateLines(s.gate, n, DATA.adv_lim, s.lim);
+      this.halfLines.forEach(function (line) {
         ctx.beginPath();
         line.forEach(function (pt, k) { if (k) ctx.lineTo(X(pt[0]), Y(pt[1])); else ctx.moveTo(X(pt[0]), Y(pt[1])); });
         ctx.stroke();
@@ -214,8 +216,10 @@
     // ticks k·step for integer k (a running sum t += step drifts and can lose the end ticks)
     const step = niceStep(2 * s.lim, 4);
     const k0 = Math.ceil(-s.lim / step - 1e-9), k1 = Math.floor(s.lim / step + 1e-9);
+    this.yticks = [];
     for (let k = k0; k <= k1; k++) {
       const tv = k === 0 ? 0 : k * step;
+      this.yticks.push(fmt(tv));
       ctx.beginPath(); ctx.moveTo(b.x0 - 4, Y(tv)); ctx.lineTo(b.x0, Y(tv)); ctx.stroke();
       ctx.textAlign = "right"; ctx.fillText(fmt(tv), b.x0 - 6, Y(tv));
     }
