@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from .device import device
+from .devices import device
 
 #: Figure text sizes (points). Figures are drawn at 100 dpi, so 12 pt is about 17 CSS px at full
 #: size; a 10-inch figure shown in the web book's ~880 px column keeps its tick labels near 15 px.

@@ -3,14 +3,14 @@
 - Serves MathJax from the book's `_static/mathjax/` (installed by scripts/offline_assets.py at
   set-up time; installed here too if missing), so that no page fetches anything from a CDN.
 - Adds the gate explorer's script, style and data (from rlgates at build time) to explorer.html
-  only.
+  only. Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
+  .js and .css under `_static/` to every page.
+- The role {explorer}`sapo`: a link "open SAPO in the gate explorer" to explorer.html#sapo,
+  relative to the page it is on (the explorer opens at that method).
 - Lighter pages (after the build, in every page): no fontawesome.js (1.4 MB; the theme's CSS
   already draws its icons from the Font Awesome web fonts, and the JS only serves custom icons),
   no search index and search scripts outside search.html (search-as-you-type is off), and the
   theme CSS keeps only the Font Awesome icon rules that some page or script uses.
-- The role {explorer}`sapo`: a link "open SAPO in the gate explorer" to explorer.html#sapo,
-  relative to the page it is on (the explorer opens at that method). Its files live in scripts/explorer/, outside `_static/`, because Jupyter Book adds every
-  .js and .css under `_static/` to every page.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def _resolve_explorer(app, doctree, docname):
 
 FONTAWESOME_JS = re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/fontawesome\.js[^"]*">'
                             r"</script>\n?")
-SEARCH_JS = re.compile(r'[ \t]*<script src="[^"]*(?:_static/searchtools\.js|_static/language_data\.js|'
-                       r'searchindex\.js)"></script>\n?')
+SEARCH_JS = re.compile(r'[ \t]*<script src="[^"]*(?:_static/searchtools\.js|'
+                       r'_static/language_data\.js|searchindex\.js)"></script>\n?')
 FA_RULE = re.compile(r'((?:\.fa-[a-z0-9-]+:(?::)?before,?)+)\{content:"[^"]*"\}')
 FA_NAME = re.compile(r"\bfa-[a-z0-9-]+")
 

@@ -1,60 +1,27 @@
 /* The gate explorer: gate and learning signal of one method on the (A, log ρ) plane, redrawn in
  * the browser as its hyperparameters move. No kernel, no network.
  *
- * Data (methods, defaults, slider ranges, axis limits, colour map) come from rlgates at build time
- * (rlgates/explorer_data.py -> window.RLGATES_EXPLORER). The gate formulas below mirror
- * rlgates/methods.py; tests/browser checks them against rlgates at sampled points.
+ * Everything comes from rlgates at build time (rlgates/explorer_data.py -> window.RLGATES_EXPLORER):
+ * methods, defaults, slider ranges, axis limits, colour map, and each method's gate as JavaScript
+ * (`Method.explorer`: {"gate": expression in r = ρ, a = A and p = hyperparameters, "bounds":
+ * expression giving [[ratio, side], ...], side +1 for A > 0, -1 for A < 0, 0 for both}).
+ * tests/browser checks the compiled gates against rlgates at sampled points.
  */
 (function () {
   "use strict";
 
-  // ---- the gates: f'(ρ; A), ρ > 0, A real; the same strict/closed edges as rlgates ----------
-  function signClip(low, high) {
-    return function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low) ? 1 : 0; };
-  }
-  function sigmoid(x) { return 1 / (1 + Math.exp(-x)); }
+  const DATA = window.RLGATES_EXPLORER;
 
-  // Each entry: p (hyperparameters) -> {gate(ρ, A), bounds: [[ρ, side]]}, side +1 A>0, -1 A<0, 0 both.
-  const GATES = {
-    ppo: function (p) {
-      const low = 1 - p.eps, high = 1 + p.eps;
-      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
-    },
-    dapo: function (p) {
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
-    },
-    sao: function (p) {
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: function (r) { return r > low && r < high ? 1 : 0; },
-               bounds: [[high, 0], [low, 0]] };
-    },
-    sapo: function (p) {
-      return {
-        gate: function (r, a) {
-          const s = sigmoid((a > 0 ? p.tau_pos : p.tau_neg) * (r - 1));
-          return 4 * s * (1 - s);
-        },
-        bounds: [],
-      };
-    },
-    dual_clip: function (p) {
-      const low = 1 - p.eps, high = 1 + p.eps, c = p.c;
-      return {
-        gate: function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low && r < c) ? 1 : 0; },
-        bounds: [[high, 1], [low, -1], [c, -1]],
-      };
-    },
-    cispo: function (p) {
-      // f' = clip(ρ, 1−ε_l, 1+ε_h) / ρ: never zero; ε_l = 1 means no lower bound (none drawn)
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: function (r) { return Math.min(Math.max(r, low), high) / r; },
-               bounds: low > 0 ? [[high, 0], [low, 0]] : [[high, 0]] };
-    },
-    reinforce: function () { return { gate: function () { return 1; }, bounds: [] }; },
-  };
-  GATES.grpo = GATES.ppo;
-  GATES.gspo = GATES.dapo;
+  // ---- the gates: compiled once from each method's JS expressions ---------------------------
+  const GATES = {};
+  ((DATA && DATA.methods) || []).forEach(function (m) {
+    if (!m.js) return;
+    const gate = new Function("r", "a", "p", '"use strict"; return (' + m.js.gate + ");");
+    const bounds = new Function("p", '"use strict"; return (' + m.js.bounds + ");");
+    GATES[m.name] = function (p) {
+      return { gate: function (r, a) { return gate(r, a, p); }, bounds: bounds(p) };
+    };
+  });
 
   function build(name, params) {
     const make = GATES[name];
@@ -73,7 +40,6 @@
   window.RLGatesExplorer = api;
 
   // ---- drawing ----------------------------------------------------------------------------
-  const DATA = window.RLGATES_EXPLORER;
   const FONT = "12px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
   const SMALL = "9px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
 
