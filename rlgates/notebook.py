@@ -9,8 +9,9 @@ import torch
 
 from .devices import device
 
-#: Figure text sizes (points). Figures are drawn at 100 dpi, so 12 pt is about 17 CSS px at full
-#: size; a 10-inch figure shown in the web book's ~880 px column keeps its tick labels near 15 px.
+#: Figure text size (points). Figures are drawn at 100 dpi, so 12 pt is about 17 CSS px at full
+#: size; a 10-inch figure in the web book's ~800 px column (at 1280 px) keeps it near 13 px, and a
+#: 14-inch one near 9.5 px (tests/browser/test_layout.py measures every figure).
 FONT_SIZE = 12
 #: Inline PNGs carry this many pixels per CSS pixel (sharp on most high-density screens, half the
 #: bytes of 2x). The web page shows each figure at its 100-dpi size, linked to the full image.
