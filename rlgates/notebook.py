@@ -16,6 +16,10 @@ FONT_SIZE = 12
 #: Inline PNGs carry this many pixels per CSS pixel (sharp on most high-density screens, half the
 #: bytes of 2x). The web page shows each figure at its 100-dpi size, linked to the full image.
 IMAGE_SCALE = 1.5
+#: Inline PNGs are stored with a palette of this many colours (None: full colour), about a third
+#: of the bytes: the book's figures hold ~1000 colours, nearly all antialiasing; white stays white
+#: and 99 % of pixels move by at most 8/255.
+PNG_COLOURS = 256
 
 STYLE = {
     # opaque white figures: a transparent PNG vanishes on a dark page
@@ -29,6 +33,23 @@ STYLE = {
 def _png_size(data: bytes) -> tuple[int, int]:
     """(width, height) in pixels from a PNG's IHDR chunk."""
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _with_palette(data: bytes, colours: int, meta: dict) -> bytes:
+    """The PNG re-encoded with a palette of `colours` (median cut, no dithering), if smaller."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    with Image.open(io.BytesIO(data)) as im:
+        pal = im.convert("RGB").quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
+                                         dither=Image.Dither.NONE)
+    info = PngImagePlugin.PngInfo()
+    for key, value in meta.items():
+        info.add_text(key, value)
+    out = io.BytesIO()
+    pal.save(out, format="PNG", optimize=True, pnginfo=info)
+    return out.getvalue() if out.tell() < len(data) else data
 
 
 def smallest_text_pt(fig) -> float | None:
@@ -58,6 +79,8 @@ def figure_png(fig, scale: float = IMAGE_SCALE):
     data = print_figure(fig, "png", bbox_inches="tight", dpi=dpi, metadata=meta)
     if data is None:  # an empty figure: nothing to show
         return None
+    if PNG_COLOURS:
+        data = _with_palette(data, PNG_COLOURS, meta)
     w, h = _png_size(data)
     return data, {"width": round(w / scale), "height": round(h / scale)}
 

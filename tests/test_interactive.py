@@ -59,6 +59,8 @@ def test_figure_png_records_size_and_smallest_text():
     data, meta = figure_png(fig)
     plt.close(fig)
     im = Image.open(io.BytesIO(data))
+    assert im.mode == "P"  # a palette PNG (rlgates.notebook.PNG_COLOURS)
+    assert im.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # the white face stays white
     assert im.text["rlgates:min-font-pt"] == "7"
     assert float(im.text["rlgates:px-per-inch"]) == pytest.approx(100 * IMAGE_SCALE)
     assert meta["width"] == pytest.approx(im.size[0] / IMAGE_SCALE, abs=1)
