@@ -17,9 +17,12 @@
     return head.length === 4 && !!t.querySelector("td:nth-child(3) .math");
   }
 
+  // the natural width of a formula: scrollWidth for a display box, the box itself when inline
+  function width(el) { return Math.max(el.scrollWidth, el.getBoundingClientRect().width); }
+
   function fit(el, box) {
     el.style.fontSize = "";
-    var need = el.scrollWidth, have = box.clientWidth;
+    var need = Math.max(width(el), box === el ? 0 : box.scrollWidth), have = box.clientWidth;
     if (need > have + 1 && have > 0) {
       el.style.fontSize = (100 * Math.max(MIN_SCALE, (have - 2) / need)).toFixed(1) + "%";
     }
@@ -33,7 +36,7 @@
       var wide = t.scrollWidth > t.clientWidth + 1;
       t.querySelectorAll("td mjx-container").forEach(function (m) {
         m.style.fontSize = "";
-        if (m.scrollWidth > m.closest("td").clientWidth + 1) wide = true;
+        if (width(m) > m.closest("td").clientWidth + 1) wide = true;
       });
       if (wide) t.classList.add("rlg-stacked");
       t.querySelectorAll("td mjx-container").forEach(function (m) { fit(m, m.closest("td")); });
@@ -118,7 +121,7 @@
     Search.htmlToText = articleText;
     Search.rlgatesPatched = true;
   }
-  window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout };
+  window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout, fit: fit };
 
   patchSearch();
   if (document.readyState === "loading") {

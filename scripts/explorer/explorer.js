@@ -371,6 +371,10 @@
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       const node = this.info;
       MathJax.startup.promise.then(function () { return MathJax.typesetPromise([node]); })
+        .then(function () {  // a wide formula shrinks to fit (the book's _static/book.js)
+          const mj = node.querySelector(".gx-formula mjx-container");
+          if (mj && window.RLGatesBook) window.RLGatesBook.fit(mj, mj.parentElement);
+        })
         .catch(function (err) { console.error("MathJax:", err); });
     }
     this.signalMax = null; // recomputed below at the defaults: the colour scale stays put
