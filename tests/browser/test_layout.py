@@ -262,6 +262,8 @@ def test_layout_screenshots(book_dir, base_url, offline):
             figure.screenshot(path=str(SCREENSHOTS / f"figure13-{label}-{theme}.png"))
             page = tab.open(base_url + "explorer.html#sapo", "explorer")
             page.wait_for_selector(".gx-formula mjx-container")
+            # the deep link the {explorer} role writes opens the explorer at that method
+            assert page.evaluate("() => window.RLGatesExplorer.explorer.method.name") == "sapo"
             page.wait_for_function("() => { const p = document.querySelector('.gx-formula');"
                                    " return p.scrollWidth <= p.clientWidth + 1; }",
                                    timeout=5_000)  # the formula shrinks to fit (book.js)
