@@ -84,6 +84,7 @@
     cdot: "·", times: "×", le: "≤", leq: "≤", ge: "≥", geq: "≥", ne: "≠", neq: "≠",
     approx: "≈", to: "→", rightarrow: "→", infty: "∞", sum: "Σ", prod: "Π", in: "∈",
     pm: "±", partial: "∂", log: "log", exp: "exp", min: "min", max: "max", quad: " ",
+    mid: "|", ldots: "…", cdots: "⋯", dots: "…", sim: "∼", propto: "∝", sqrt: "√", prime: "′",
   };
   // TeX source as plain text: "\nabla_\theta J" -> "∇_θ J"; environments and spacing dropped
   function texToText(tex) {
