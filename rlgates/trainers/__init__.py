@@ -28,7 +28,7 @@ import math
 
 import torch
 
-#: The trainer versions the adapters and the flag table were tested against (tests/test_trainers.py).
+#: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
 
 _INF = math.inf
