@@ -31,30 +31,9 @@ from torch import nn
 
 from . import _numerics as nx
 from .advantages import group_advantages
-from .device import on_accelerator
-from .methods import get
+from .devices import on_accelerator
+from .methods import REGISTRY, get
 from .policy import TinyPolicy, zipf_head
-
-#: The aggregation each registered method's paper or reference trainer uses; others: token-mean.
-CONVENTIONAL_AGG = {
-    "ppo": "token-mean",
-    "grpo": "seq-mean-token-mean",  # 1/G Σ_i 1/|o_i| Σ_t in the DeepSeekMath paper
-    "dapo": "token-mean",  # DAPO's token-level loss
-    "sao": "token-mean",
-    "sapo": "seq-mean-token-mean",
-    "gspo": "seq-mean-token-mean",
-    "dual_clip": "token-mean",
-    "cispo": "token-mean",  # MiniMax-M1 normalises over all tokens of the batch
-    "reinforce": "token-mean",
-}
-
-#: A line colour per method for learning curves (qualitative; red and blue stay reserved for the
-#: sign of A: encourage red, discourage blue).
-METHOD_COLORS = {
-    "ppo": "#1b9e77", "grpo": "#d95f02", "dapo": "#7570b3", "sao": "#e7298a",
-    "sapo": "#66a61e", "gspo": "#a6761d", "dual_clip": "#666666", "cispo": "#e6ab02",
-    "reinforce": "#17becf",
-}
 
 #: The keys of `LabResult.metrics`, one value per training step.
 METRIC_KEYS = (
@@ -316,11 +295,16 @@ def resolve(method):
 
 
 def default_agg(method) -> str:
-    """The method's conventional aggregation (CONVENTIONAL_AGG), else `.agg`, else token-mean."""
-    name = method_name(method)
-    if name in CONVENTIONAL_AGG:
-        return CONVENTIONAL_AGG[name]
+    """The method's own default aggregation (its class's `agg`), else token-mean."""
+    if isinstance(method, str):
+        method = get(method)
     return getattr(method, "agg", None) or "token-mean"
+
+
+def method_color(label: str, fallback: str) -> str:
+    """A registered method's line colour (its class's `color`), else `fallback`."""
+    cls = REGISTRY.get(str(label).lower())
+    return cls.color if cls is not None else fallback
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,7 +614,7 @@ def plot_runs(runs: dict, key: str, ax=None, band="minmax", colors=None, smooth=
             lo, hi = mean - c.std(0), mean + c.std(0)
         else:
             lo, hi = c.min(0).values, c.max(0).values
-        color = {**METHOD_COLORS, **(colors or {})}.get(name, f"C{i}")
+        color = (colors or {}).get(name) or method_color(name, f"C{i}")
         ax.plot(steps, mean.numpy(), color=color, lw=1.8, label=name if label else None)
         ax.fill_between(steps, lo.numpy(), hi.numpy(), color=color, alpha=0.18, lw=0)
     ax.set_xlabel("training step")
@@ -639,7 +623,8 @@ def plot_runs(runs: dict, key: str, ax=None, band="minmax", colors=None, smooth=
 
 
 __all__ = [
-    "CONVENTIONAL_AGG", "METHOD_COLORS", "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy",
-    "LabResult", "PatternTask", "curves", "default_agg", "method_name", "plot_runs", "resolve",
+    "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy",
+    "LabResult", "PatternTask", "curves", "default_agg", "method_color", "method_name",
+    "plot_runs", "resolve",
     "run_many", "summary", "summary_table", "train",
 ]
