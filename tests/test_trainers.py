@@ -434,6 +434,25 @@ def test_verl_global_batch_info():
         torch.testing.assert_close(g_ours, g_ref, rtol=1e-7, atol=1e-12)
 
 
+def test_verl_rollout_correction_weights():
+    """verl's rollout_is_weights multiply each token's loss before aggregation: so in the adapter."""
+    m = rlgates.get("dapo")
+    mode, agg, cfg = _verl_config(m)
+    logp, old, adv, mask = verl_batch()
+    w = torch.linspace(0.5, 2.0, 36, dtype=torch.float64).reshape(6, 6)
+    out = []
+    for fn in (get_policy_loss_fn(mode), get_policy_loss_fn(rverl.register(m))):
+        lp = logp.clone().requires_grad_(True)
+        v, _ = fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                  loss_agg_mode=agg, config=cfg, rollout_is_weights=w)
+        v.backward()
+        out.append((float(v.detach()), lp.grad))
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-12)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-12, atol=1e-14)
+    plain = float(m.loss(logp, old, adv, mask, agg=agg))
+    assert abs(plain - out[0][0]) > 1e-3  # the weights changed the loss
+
+
 def test_verl_conventions_that_differ():
     """The documented differences, each measured: the edge, GSPO's one-sided +10 clamp."""
     # edge: ρ = 1.25 exactly, ε = 0.25, A > 0: verl passes the gradient, rlgates does not

@@ -10,7 +10,8 @@ their trainer; this one imports neither, so it stays light:
 What lives here is shared by both:
 
 - `flags(m)`: the trainer settings that make a trainer's *built-in* loss compute `m` (the flag
-  table of the book's chapter 14), or None where a trainer has no built-in equivalent;
+  table of the book's chapter 14, from each method class's `trainer_flags`), or None where a
+  trainer has no built-in equivalent;
 - `loss(m, ..., norm=, length=)`: `m.loss` with a trainer's normaliser in place of the local one.
 
 The normaliser. `rlgates.aggregate` divides by counts of the batch it is given: its tokens
@@ -34,61 +35,27 @@ TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
 _INF = math.inf
 
 
-def _clip(low, high, c=_INF, agg="token-mean", mode="vanilla"):
-    return lambda h: {"loss_mode": mode, "clip_ratio_low": h[low], "clip_ratio_high": h[high],
-                      "clip_ratio_c": h[c] if isinstance(c, str) else c, "loss_agg_mode": agg}
-
-
-def _trl_clip(loss_type, low, high, level="token", delta=None):
-    return lambda h: {"loss_type": loss_type, "epsilon": h[low], "epsilon_high": h[high],
-                      "importance_sampling_level": level,
-                      "delta": h[delta] if delta else None}
-
-
-def _cispo_trl(h):
-    # TRL's CISPO caps the ratio at epsilon_high itself and has no lower clip
-    if h["eps_low"] != 1.0:
+def _resolve(spec, h):
+    if spec is None:
         return None
-    return {"loss_type": "cispo", "epsilon_high": 1.0 + h["eps_high"],
-            "importance_sampling_level": "token"}
-
-
-#: Per method: {"verl": ..., "trl": ...}, each a function of the method's hyperparameters that
-#: returns the trainer's settings (or None: no built-in equivalent, use the adapter). Kept here
-#: until the method classes carry it as `trainer_flags`.
-FLAGS = {
-    "ppo": {"verl": _clip("eps", "eps"), "trl": _trl_clip("dapo", "eps", "eps")},
-    "grpo": {"verl": _clip("eps", "eps", agg="seq-mean-token-mean"),
-             "trl": _trl_clip("grpo", "eps", "eps")},
-    "dapo": {"verl": _clip("eps_low", "eps_high"),
-             "trl": _trl_clip("dapo", "eps_low", "eps_high")},
-    "gspo": {"verl": lambda h: {"loss_mode": "gspo", "clip_ratio_low": h["eps_low"],
-                                "clip_ratio_high": h["eps_high"],
-                                "loss_agg_mode": "seq-mean-token-mean"},
-             "trl": _trl_clip("grpo", "eps_low", "eps_high", level="sequence")},
-    "sapo": {"verl": lambda h: {"loss_mode": "sapo", "tau_pos": h["tau_pos"],
-                                "tau_neg": h["tau_neg"], "loss_agg_mode": "seq-mean-token-mean"},
-             "trl": lambda h: {"loss_type": "sapo", "sapo_temperature_pos": h["tau_pos"],
-                               "sapo_temperature_neg": h["tau_neg"],
-                               "importance_sampling_level": "token"}},
-    "dual_clip": {"verl": _clip("eps", "eps", c="c"),
-                  "trl": _trl_clip("dapo", "eps", "eps", delta="c")},
-    "cispo": {"verl": lambda h: {"loss_mode": "cispo", "clip_ratio_low": h["eps_low"],
-                                 "clip_ratio_high": h["eps_high"], "loss_agg_mode": "token-mean"},
-              "trl": _cispo_trl},
-    "sao": {"verl": None, "trl": None},
-    "reinforce": {"verl": None, "trl": None},
-}
+    if callable(spec):
+        return spec(dict(h))
+    out = {}
+    for k, v in spec.items():
+        if callable(v):
+            v = v(dict(h))
+        elif isinstance(v, str) and v in h:
+            v = h[v]
+        out[k] = v
+    return out
 
 
 def flags(method) -> dict:
-    """{"verl": settings or None, "trl": settings or None} that make each trainer's built-in loss
-    compute `method` with its current hyperparameters. None: no built-in equivalent (the adapter
-    still runs the method in that trainer)."""
-    spec = getattr(type(method), "trainer_flags", None) or FLAGS.get(method.name)
-    if not spec:
-        return {"verl": None, "trl": None}
-    return {k: (fn(dict(method.hparams)) if callable(fn) else fn) for k, fn in spec.items()}
+    """{"verl": settings or None, "trl": settings or None}: the settings that make each trainer's
+    built-in loss compute `method` with its current hyperparameters, read from the method
+    class's `trainer_flags`. None: no built-in equivalent (the adapters still run the method)."""
+    spec = getattr(type(method), "trainer_flags", None) or {}
+    return {k: _resolve(spec.get(k), method.hparams) for k in ("verl", "trl")}
 
 
 def _fmt(v):
@@ -118,7 +85,8 @@ def _local_count(mask, agg):
     return (mask.sum(-1) > 0).sum()
 
 
-def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=None):
+def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=None,
+         is_weight=None):
     """`method.loss` with a trainer's denominators: value and gradient, exactly.
 
     norm: the count the outer mean divides by. token-mean: a number of tokens (the global token
@@ -127,11 +95,14 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
         sequences).
     length: seq-mean-token-sum-norm's constant (Dr. GRPO's generation budget); None keeps T.
 
+    is_weight: passed to `method.loss` (a constant per-token factor, such as verl's rollout
+        correction weights).
+
     Summing `loss(..., norm=N)` over micro-batches that together hold N tokens gives the
     full batch's token-mean, whatever the split (tests/test_trainers.py checks it).
     """
-    agg = agg or getattr(method, "agg", None) or "token-mean"
-    out = method.loss(logp, logp_old, adv, mask, agg=agg)
+    agg = agg or method.agg
+    out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight)
     if norm is None and length is None:
         return out
     m = torch.ones(logp.shape, dtype=torch.bool, device=logp.device) if mask is None else mask != 0
@@ -163,4 +134,4 @@ def gate_stats(method, logp, logp_old, adv, mask):
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
 
 
-__all__ = ["FLAGS", "TESTED_VERSIONS", "flag_rows", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "flag_rows", "flags", "gate_stats", "loss"]

@@ -14,7 +14,7 @@ The aggregation follows verl's `loss_agg_mode` (and so its global batch informat
 batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do; pass
 `agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean). The gate comes
 from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read. Rollout correction
-weights (`rollout_is_weights`, off by default) are not supported and raise ValueError.
+weights (`rollout_is_weights`, off by default) multiply each token's objective, as in verl.
 """
 
 from __future__ import annotations
@@ -32,9 +32,6 @@ def policy_loss(method, agg=None):
 
     def fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
            config=None, rollout_is_weights=None):
-        if rollout_is_weights is not None:
-            raise ValueError(f"{PREFIX}{method.name}: rollout correction weights are not "
-                             "supported; set algorithm.rollout_correction.rollout_is=null")
         info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
         dp = info.get("dp_size") or 1
         mode = agg or loss_agg_mode
@@ -54,7 +51,7 @@ def policy_loss(method, agg=None):
             if mode == "seq-mean-token-sum-norm":
                 length = info.get("loss_scale_factor")
         out = loss(method, log_prob, old_log_prob, advantages, response_mask, mode,
-                   norm=norm, length=length)
+                   norm=norm, length=length, is_weight=rollout_is_weights)
         stats = gate_stats(method, log_prob, old_log_prob, advantages, response_mask)
         m = response_mask != 0
         kl = -((log_prob - old_log_prob).detach() * m).sum() / m.sum().clamp(min=1)
