@@ -417,7 +417,7 @@ def test_verl_default_is_dual_clip_not_ppo():
     ppo = rlgates.get("ppo").loss(logp, old, adv, mask, agg="token-mean")
     dual = rlgates.get("dual_clip").loss(logp, old, adv, mask, agg="token-mean")
     assert float(v.detach()) == pytest.approx(float(dual), rel=1e-13)
-    assert abs(float(v) - float(ppo)) > 1e-3
+    assert abs(float(v.detach()) - float(ppo)) > 1e-3
 
 
 def test_verl_global_batch_info():
@@ -490,3 +490,71 @@ def test_flag_table_names_every_method():
     assert f["trl"]["epsilon_high"] == 5.0 and f["verl"]["clip_ratio_high"] == 4.0
     assert rt.flags(rlgates.get("cispo", eps_low=0.2))["trl"] is None  # TRL has no lower clip
     assert rt.flags(rlgates.get("dual_clip"))["verl"]["clip_ratio_c"] == 3.0
+
+
+# --- TRL's own loss on fixed tensors: the conventions that differ ---------------------------------
+@pytest.fixture(scope="module")
+def probe_model():
+    return tiny_model()
+
+
+def trl_grad(model, logp, old, adv, mask, **flags):
+    """TRL's built-in loss and its gradient with respect to each token's log-prob."""
+    args = config(gradient_accumulation_steps=1, steps_per_generation=1, **flags)
+    t = make_trainer(GRPOTrainer, model, args)
+    leaf = logp.clone().requires_grad_(True)
+    v = rtrl.builtin_loss(t, leaf, old, adv, mask)
+    v.backward()
+    return float(v.detach()), leaf.grad
+
+
+def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo", eps_low=0.2, eps_high=0.3)
+    v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    leaf = logp.clone().requires_grad_(True)
+    ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
+    ours.backward()
+    assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
+    torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+
+
+def test_trl_conventions_that_differ(probe_model):
+    one = torch.ones(1, 1, dtype=torch.bool)
+    zero = torch.zeros(1, 1, dtype=torch.float64)
+    # edges: ρ = 1.25 with ε = 0.25 (exact in binary): TRL passes the gradient, rlgates does not
+    for lr, a in ((math.log(1.25), 1.0), (math.log(0.75), -1.0)):
+        logp = torch.full((1, 1), lr, dtype=torch.float64)
+        adv = torch.tensor([a], dtype=torch.float64)
+        _, g = trl_grad(probe_model, logp, zero, adv, one, loss_type="dapo", epsilon=0.25)
+        assert float(g) == pytest.approx(-math.exp(lr) * a)
+        assert float(rlgates.get("ppo", eps=0.25).expected_grad(logp, zero, adv, one)) == 0.0
+    # no clamp in TRL: an A < 0 token at log ρ = 25 keeps its gradient e^25; rlgates' is 0
+    logp = torch.full((1, 1), 25.0, dtype=torch.float64)
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    _, g = trl_grad(probe_model, logp, zero, adv, one, loss_type="dapo")
+    assert float(g) == pytest.approx(math.exp(25), rel=1e-12)
+    assert float(rlgates.get("ppo").expected_grad(logp, zero, adv, one)) == 0.0
+    # empty rows: TRL's grpo divides by all 6 rows, rlgates by the 5 with tokens
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("grpo")
+    v, _ = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    assert v / float(m.loss(logp, old, adv, mask)) == pytest.approx(5 / 6, rel=1e-12)
+    # dr_grpo: TRL divides by max_completion_length (8), rlgates' mode by the padded width (6)
+    v, _ = trl_grad(probe_model, logp, old, adv, mask, loss_type="dr_grpo", epsilon=0.2)
+    ours = float(m.loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm"))
+    assert v / ours == pytest.approx(5 / 6 * 6 / MAX_LEN, rel=1e-12)
+    assert float(rtrl.trl_loss(m, logp, old, adv, mask, "dr_grpo",
+                               max_completion_length=MAX_LEN)) == pytest.approx(v, rel=1e-12)
+    # CISPO: TRL's epsilon_high=5 is rlgates' eps_high=4 (cap 1 + ε_h); epsilon_high=4 is not
+    logp = torch.tensor([[math.log(8.0), math.log(4.5), 0.1, -2.0]], dtype=torch.float64)
+    old, adv, mask = torch.zeros_like(logp), torch.tensor([1.0], dtype=torch.float64), None
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    c = rlgates.get("cispo")
+    ours = c.expected_grad(logp, old, adv, mask)
+    _, g5 = trl_grad(probe_model, logp, old, adv, mask, loss_type="cispo", epsilon_high=5.0)
+    _, g4 = trl_grad(probe_model, logp, old, adv, mask, loss_type="cispo", epsilon_high=4.0)
+    torch.testing.assert_close(g5, ours, rtol=1e-12, atol=1e-14)
+    assert float((g4 - ours).abs().max()) > 0.1

@@ -65,6 +65,37 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
     return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length) / grad_accum
 
 
+def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None):
+    """TRL's own policy loss (`GRPOTrainer._compute_loss`, with `trainer`'s settings) at the given
+    log-probs, instead of the model's: a scalar differentiable in `logp`, so that TRL's gradient
+    with respect to each token's log-prob can be read and compared (the book's chapter 14).
+
+    logp, logp_old, mask: [B, T]; adv: [B]. num_items_in_batch: TRL's global token count (dapo,
+    cispo); None: this batch's tokens.
+    """
+    B, T = logp.shape
+    mask = mask.long()
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
+        "advantages": adv, "old_per_token_logps": logp_old,
+        "num_items_in_batch": mask.sum() if num_items_in_batch is None
+        else torch.as_tensor(num_items_in_batch),
+    }
+
+    def given(*args, **kwargs):  # stands in for the model's forward pass
+        return logp, torch.zeros_like(logp), None
+
+    if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by train()
+        trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    trainer._get_per_token_logps_and_entropies = given
+    try:
+        return GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+
+
 class RlgatesGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with an rlgates method (built-in, registered or `rlgates.byo.make`) as
     its policy loss. Takes GRPOTrainer's arguments plus `method`: a Method or a registry name."""
@@ -133,4 +164,4 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         return out.to(logp.dtype)
 
 
-__all__ = ["TRL_AGG", "RlgatesGRPOTrainer", "trl_loss"]
+__all__ = ["TRL_AGG", "RlgatesGRPOTrainer", "builtin_loss", "trl_loss"]
