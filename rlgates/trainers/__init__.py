@@ -79,6 +79,16 @@ def flag_rows(names=None):
     return rows
 
 
+def flag_table(names=None) -> str:
+    """The flag table as Markdown: per method (at its defaults), the verl and TRL settings that
+    make each trainer's built-in loss compute it, and the versions they were tested with."""
+    head = (f"| method | verl {TESTED_VERSIONS['verl']} | TRL {TESTED_VERSIONS['trl']} |\n"
+            "| --- | --- | --- |\n")
+    return head + "\n".join(
+        f"| `{n}` | {v.replace(', ', '; ')} | {t.replace(', ', '; ')} |"
+        for n, v, t in flag_rows(names))
+
+
 def _local_count(mask, agg):
     if agg == "token-mean":
         return mask.sum()
@@ -134,4 +144,4 @@ def gate_stats(method, logp, logp_old, adv, mask):
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
 
 
-__all__ = ["TESTED_VERSIONS", "flag_rows", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
