@@ -148,8 +148,8 @@ def test_run_has_stale_ratios_ragged_lengths_and_logs_the_gate(run):
             assert lr.abs().max() > 1e-3  # ρ ≠ 1: the gates can act
     steps = [e for e in log if "rlgates/gate_mean" in e]
     assert len(steps) == 2 and all(math.isfinite(e["loss"]) for e in steps)
-    assert steps[0]["rlgates/gate_mean"] == pytest.approx(1.0, abs=1e-9)  # first pass: ρ = 1
-    assert steps[1]["rlgates/gate_mean"] < 1.0  # second pass: the bump gate has closed a little
+    assert steps[0]["rlgates/gate_mean"] == pytest.approx(1.0, abs=1e-5)  # first pass: ρ = 1
+    assert steps[1]["rlgates/gate_mean"] < 0.9  # second pass: the bump gate has narrowed
 
 
 # --- TRL's loss against the adapter's, on the captured inputs --------------------------------
