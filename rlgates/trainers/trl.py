@@ -26,11 +26,11 @@ from trl import GRPOTrainer
 
 from . import gate_stats, loss
 
-#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`)
+#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`). These are
+#: the types tests/test_trainers.py compares with TRL's own loss; luspo and vespo are not mapped.
 TRL_AGG = {
     "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm", "dapo": "token-mean", "cispo": "token-mean",
-    "luspo": "seq-mean-token-sum",
 }
 
 
@@ -38,7 +38,7 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
              num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1):
     """The rlgates method's loss, normalised as TRL 1.16 normalises `loss_type`.
 
-    grpo, sapo, luspo: the mean over *every* row of the micro-batch, fully masked rows included
+    grpo, sapo: the mean over *every* row of the micro-batch, fully masked rows included
         (rlgates' own mean skips them), divided by the gradient-accumulation steps;
     bnpo: this micro-batch's token-mean, divided by the accumulation steps;
     dr_grpo: Σ over tokens / (rows × max_completion_length), divided by the accumulation steps;
