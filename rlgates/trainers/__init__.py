@@ -4,7 +4,8 @@ The trainers stay the engines (sampling, batching, optimiser, logging, processes
 swaps the per-token objective for an rlgates method's. Two thin modules do the plumbing and import
 their trainer; this one imports neither, so it stays light:
 
-    rlgates.trainers.trl    RlgatesGRPOTrainer (a GRPOTrainer subclass), trl_loss
+    rlgates.trainers.trl    RlgatesGRPOTrainer (a GRPOTrainer subclass), trl_loss,
+                            builtin_loss (TRL's own loss at given log-probs)
     rlgates.trainers.verl   policy_loss(method), register(method) -> "rlgates_<name>"
 
 What lives here is shared by both:
@@ -28,6 +29,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .._numerics import LOG_RATIO_CLAMP
 
 #: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
@@ -138,7 +141,7 @@ def gate_stats(method, logp, logp_old, adv, mask):
             lr = (lr.sum(-1) / m.sum(-1).clamp(min=1))[:, None].expand_as(lr)
         a = adv.to(dtype)
         a = a[:, None].expand_as(lr) if a.dim() == 1 else a
-        g = method.gate(torch.exp(lr.clamp(-20, 20)), a)
+        g = method.gate(torch.exp(lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), a)
         m = m & (a != 0)
         n = m.sum().clamp(min=1)
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
