@@ -6,7 +6,7 @@
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective
 """
 
-from . import byo, more_methods  # more_methods registers dual_clip, cispo, reinforce
+from . import byo, diagnostics, more_methods  # more_methods registers dual_clip, cispo, reinforce
 from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
@@ -35,6 +35,6 @@ __all__ = [
     "group_advantages", "lagged_log_ratios", "names", "on_accelerator", "plane",
     "plot_gate_signal", "plot_ppo_regions", "plot_small_multiples", "policy_step",
     "sample_groups", "setup", "table", "tail_reward", "time_step",
-    "byo", "more_methods",
+    "byo", "diagnostics", "more_methods",
 ]
 __version__ = "0.1.0"
