@@ -17,6 +17,7 @@ from .methods import REGISTRY, Method, get, names
 from .notebook import setup
 from .plane import GatePanels, Plane, plane, plot_gate_signal, plot_ppo_regions
 from .policy import (
+    LabPolicy,
     TinyPolicy,
     demo_size,
     lagged_log_ratios,
@@ -29,7 +30,7 @@ from .table import table
 __all__ = [
     "lab", "LabConfig", "LabResult",
     "AGG_MODES", "LOG_RATIO_CLAMP", "REGISTRY", "STD_EPS",
-    "GatePanels", "Method", "Plane", "TinyPolicy",
+    "GatePanels", "LabPolicy", "Method", "Plane", "TinyPolicy",
     "aggregate", "aggregation_weight", "check_gradient", "compare_devices", "demo_size", "device",
     "explore", "get",
     "group_advantages", "lagged_log_ratios", "names", "on_accelerator", "plane",

@@ -72,6 +72,23 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp_all.exp() * logp_all).sum(-1)
 
 
+@torch.no_grad()
+def token_gates(method, logp, logp_old, adv, mask):
+    """(gate, log ρ) per token, [..., B, T]: the gate f'(ρ; A) each token saw and the log-ratio
+    it saw (the token's own, or its sequence's at sequence level). adv: [..., B] or [..., B, T]."""
+    logp = logp.detach()
+    if adv.dim() == logp.dim() - 1:
+        adv = adv[..., None]
+    adv = adv.detach().to(logp.dtype).expand_as(logp)
+    T = logp.shape[-1]
+    flat = (logp.reshape(-1, T), logp_old.reshape(-1, T).to(logp.dtype),
+            mask.bool().reshape(-1, T))
+    level = getattr(method, "level", "token")
+    gate_lr = nx.gate_log_ratio(*flat, level).reshape(logp.shape)
+    gate = method.gate(nx.ratio_from_log(gate_lr), adv)
+    return torch.as_tensor(gate).to(logp.dtype).expand_as(logp), gate_lr
+
+
 def _share(flags, where):
     """Σ (flags & where) / Σ where over the last two dims; 0 where `where` is empty."""
     n = where.sum((-2, -1))
@@ -103,11 +120,8 @@ def step_stats(method, logp, logp_old, adv, mask=None, entropy=None, agg=None) -
     adv = adv.detach().to(logp.dtype).expand_as(logp)
     lead, T = logp.shape[:-1], logp.shape[-1]
     flat = (logp.reshape(-1, T), logp_old.reshape(-1, T).to(logp.dtype), mask.reshape(-1, T))
-
-    level = getattr(method, "level", "token")
-    gate_lr = nx.gate_log_ratio(*flat, level).reshape(logp.shape)
+    gate, gate_lr = token_gates(method, logp, logp_old, adv, mask)
     ratio = nx.ratio_from_log(gate_lr)
-    gate = torch.as_tensor(method.gate(ratio, adv)).to(logp.dtype).expand_as(logp)
     shut = gate == 0
     pos, neg = mask & (adv > 0), mask & (adv < 0)
     up, down = gate_lr > 0, gate_lr < 0
@@ -147,4 +161,6 @@ def as_floats(stats: dict) -> dict:
     return {k: float(v) for k, v in stats.items()}
 
 
-__all__ = ["KEYS", "TRAINER_NAMES", "as_floats", "step_stats", "token_entropy"]
+__all__ = [
+    "KEYS", "TRAINER_NAMES", "as_floats", "step_stats", "token_entropy", "token_gates",
+]
