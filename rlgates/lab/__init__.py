@@ -19,6 +19,7 @@ from .report import (
     curves,
     interval,
     paired_difference,
+    paired_table,
     plot_runs,
     summary,
     summary_table,
@@ -40,7 +41,8 @@ from .train import (
 
 __all__ = [
     "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy", "LabResult", "PatternTask",
-    "curves", "default_agg", "interval", "method_name", "paired_difference", "plot_runs",
+    "curves", "default_agg", "interval", "method_name", "paired_difference", "paired_table",
+    "plot_runs",
     "resolve", "run_many", "summary", "summary_table", "summed_loss", "train", "verdict",
     "report", "task", "train_module",
 ]

@@ -91,6 +91,24 @@ def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_rat
             f"over its last {last} steps.")
 
 
+def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
+                 fmt="+.3f") -> str:
+    """A Markdown table of paired differences (each label − `baseline`, seed by seed): mean
+    [95 % interval] and the verdict word of each."""
+    rows = [f"| − {baseline} | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    for label in runs:
+        if label == baseline:
+            continue
+        cells = []
+        for key in keys:
+            d = paired_difference(runs, label, baseline, key, last)
+            cells.append(f"{d['mean']:{fmt}} [{d['lo']:{fmt}}, {d['hi']:{fmt}}] {verdict(d)}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    n = len(runs[baseline])
+    return ("\n".join(rows) + f"\n\nPaired differences over {n} common seeds: mean [95 % "
+            f"interval] of each run's mean over its last {last} steps minus its baseline's.")
+
+
 def method_color(label, i=0):
     """The registered method's line colour (its `color`), else matplotlib's cycle."""
     cls = REGISTRY.get(str(label).split(" ")[0])
@@ -121,5 +139,6 @@ def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
     return ax
 
 
-__all__ = ["curves", "finals", "interval", "method_color", "paired_difference", "plot_runs",
+__all__ = ["curves", "finals", "interval", "method_color", "paired_difference", "paired_table",
+           "plot_runs",
            "summary", "summary_table", "t975", "verdict"]

@@ -82,7 +82,7 @@ class LabConfig:
     motif: int = 2  # motif length in the prompt
     eos: int | None = 3  # end-of-sequence token (None: every response has T tokens)
     rare_tokens: int = 2  # the rare pool: the `rare_tokens` rarest tokens (0: the whole rare half)
-    steps: int = 60  # training steps (rollout batches)
+    steps: int = 80  # training steps (rollout batches)
     minibatches: int = 4  # optimiser steps per pass over the rollout batch
     epochs: int = 1  # passes over the rollout batch
     lr: float = 3e-3  # Adam learning rate
