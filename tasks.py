@@ -103,8 +103,10 @@ def check() -> None:
        "-n", "auto", "--dist", "loadfile", "chapters", env=env)
     build_book()
     ensure_chromium()
+    # RLGATES_REQUIRE_BROWSER: a missing book or Chromium fails the browser tests (a plain
+    # `pytest` skips them instead)
     sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
-       "-p", "no:randomly", env=env)
+       "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BROWSER": "1"})
     summary()
     print("\nall checks passed")
 

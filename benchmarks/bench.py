@@ -29,10 +29,11 @@ from rlgates import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-METHODS = ["ppo", "grpo", "dapo", "sao", "sapo", "gspo"]
+METHODS = rlgates.names()
+MASKS = {"bool": torch.bool, "float": torch.float32}  # float: 0/1, as trainers pass it
 
 
-def make_inputs(tokens, device, dtype=torch.float32, seed=0):
+def make_inputs(tokens, device, dtype=torch.float32, seed=0, mask_dtype=torch.bool):
     """Ragged [B, T] inputs, made in place so that making them needs no large temporaries."""
     T = 1024 if tokens <= 2**20 else 2048
     B = tokens // T
@@ -41,14 +42,13 @@ def make_inputs(tokens, device, dtype=torch.float32, seed=0):
     logp = torch.randn(B, T, generator=g).mul_(0.2).add_(logp_old)
     adv = torch.randn(B, generator=g)
     lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    return tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device)
-                 for x in (logp, logp_old, adv, mask))
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(mask_dtype)
+    return (*(x.to(device, dtype) for x in (logp, logp_old, adv)), mask.to(device))
 
 
 def step_fn(name, impl):
     m = rlgates.get(name)
-    agg = "seq-mean-token-mean" if name in ("gspo", "sapo") else "token-mean"
+    agg = m.agg  # each method's own default aggregation, for both implementations
     if impl == "rlgates":
         return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg)
     return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, **m.hparams)
@@ -65,9 +65,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_pair(name, tokens, device, reps):
+def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     """Median seconds per step of rlgates and the reference, interleaved to share the noise."""
-    inputs = make_inputs(tokens, device)
+    inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
     fns = {impl: step_fn(name, impl) for impl in ("rlgates", "reference")}
     for fn in fns.values():  # warm up
         one_step(fn, *inputs)
@@ -114,10 +114,10 @@ class PeakTensorMemory(TorchDispatchMode):
         self.seen.discard(key)
 
 
-def peak_memory(name, impl, tokens, device):
+def peak_memory(name, impl, tokens, device, mask_dtype=torch.bool):
     """Extra peak memory (bytes) of one step over its inputs."""
     fn = step_fn(name, impl)
-    inputs = make_inputs(tokens, device)
+    inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
     one_step(fn, *inputs)  # warm up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -148,12 +148,14 @@ def main(argv=None):
     parser.add_argument("--devices", nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args(argv)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
           "ratio = rlgates / reference time (≤ 1.0 is no slower)")
-    header = (f"{'method':<6} {'tokens':>6} {'device':<6} {'rlgates ms':>11} {'ref ms':>9} "
+    header = (f"{'method':<9} {'mask':<5} {'tokens':>6} {'device':<6} {'rlgates ms':>11} "
+              f"{'ref ms':>9} "
               f"{'ratio':>6} {'rlgates MB':>11} {'ref MB':>8} {'mem ratio':>9}")
     print(header)
     print("-" * len(header))
@@ -162,18 +164,22 @@ def main(argv=None):
         for millions in args.tokens:
             tokens = millions * 2**20
             for name in args.methods:
-                t = time_pair(name, tokens, device, args.reps)
-                if args.no_memory:
-                    mem = {"rlgates": float("nan"), "reference": float("nan")}
-                else:
-                    mem = {impl: peak_memory(name, impl, tokens, device) / 2**20
-                           for impl in ("rlgates", "reference")}
-                row = (name, f"{millions}M", device, t["rlgates"] * 1e3, t["reference"] * 1e3,
-                       t["rlgates"] / t["reference"], mem["rlgates"], mem["reference"],
-                       mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"))
-                rows.append(row)
-                print(f"{row[0]:<6} {row[1]:>6} {row[2]:<6} {row[3]:>11.1f} {row[4]:>9.1f} "
-                      f"{row[5]:>6.2f} {row[6]:>11.0f} {row[7]:>8.0f} {row[8]:>9.2f}", flush=True)
+                for mask_name in args.masks:
+                    md = MASKS[mask_name]
+                    t = time_pair(name, tokens, device, args.reps, md)
+                    if args.no_memory:
+                        mem = {"rlgates": float("nan"), "reference": float("nan")}
+                    else:
+                        mem = {impl: peak_memory(name, impl, tokens, device, md) / 2**20
+                               for impl in ("rlgates", "reference")}
+                    row = (name, mask_name, f"{millions}M", device, t["rlgates"] * 1e3,
+                           t["reference"] * 1e3, t["rlgates"] / t["reference"], mem["rlgates"],
+                           mem["reference"],
+                           mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"))
+                    rows.append(row)
+                    print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} {row[4]:>11.1f} "
+                          f"{row[5]:>9.1f} {row[6]:>6.2f} {row[7]:>11.0f} {row[8]:>8.0f} "
+                          f"{row[9]:>9.2f}", flush=True)
     print(f"\nslider redraw (dapo, blitted PNG): {slider_redraw_ms():.1f} ms per move")
     try:
         from lab_throughput import lab_throughput

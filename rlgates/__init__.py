@@ -3,39 +3,48 @@
     >>> import rlgates
     >>> m = rlgates.get("dapo")            # eps_low=0.2, eps_high=0.28
     >>> m.gate(ratio, adv)                  # f'(ρ; A)
-    >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective
+    >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective (agg: m.agg)
 """
 
-from . import byo, diagnostics, more_methods  # more_methods registers dual_clip, cispo, reinforce
+from . import byo, diagnostics, figures, lab
 from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
-from .device import compare_devices, device, on_accelerator, time_step
-from .interactive import explore, plot_small_multiples
-from .lab import LabConfig, LabResult  # also binds the submodule rlgates.lab
-from .methods import REGISTRY, Method, get, names
+from .devices import compare_devices, device, on_accelerator, time_loss, time_step
+from .figures import (
+    GatePanels,
+    Plane,
+    plane,
+    plot_gate_signal,
+    plot_ppo_regions,
+    plot_profiles,
+    plot_small_multiples,
+)
+from .interactive import explore
+from .lab import LabConfig, LabResult
+from .methods import REGISTRY, Method, get, names, register, unregister
 from .notebook import setup
-from .plane import GatePanels, Plane, plane, plot_gate_signal, plot_ppo_regions
 from .policy import (
     LabPolicy,
     TinyPolicy,
+    demo_batch,
     demo_size,
     lagged_log_ratios,
     policy_step,
     sample_groups,
     tail_reward,
 )
-from .table import table
+from .tables import aggregation_table, defaults_table, table
 
 __all__ = [
-    "lab", "LabConfig", "LabResult",
     "AGG_MODES", "LOG_RATIO_CLAMP", "REGISTRY", "STD_EPS",
-    "GatePanels", "LabPolicy", "Method", "Plane", "TinyPolicy",
-    "aggregate", "aggregation_weight", "check_gradient", "compare_devices", "demo_size", "device",
-    "explore", "get",
-    "group_advantages", "lagged_log_ratios", "names", "on_accelerator", "plane",
-    "plot_gate_signal", "plot_ppo_regions", "plot_small_multiples", "policy_step",
-    "sample_groups", "setup", "table", "tail_reward", "time_step",
-    "byo", "diagnostics", "more_methods",
+    "GatePanels", "LabConfig", "LabPolicy", "LabResult", "Method", "Plane", "TinyPolicy",
+    "aggregate", "aggregation_table", "aggregation_weight", "byo", "check_gradient",
+    "compare_devices", "defaults_table", "demo_batch", "demo_size", "device", "diagnostics",
+    "explore",
+    "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names", "on_accelerator",
+    "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
+    "policy_step", "register", "sample_groups", "setup", "table", "tail_reward", "time_loss",
+    "time_step", "unregister",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

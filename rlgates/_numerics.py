@@ -1,15 +1,16 @@
 """Shared numerics: input checks, the clamped importance ratio and loss aggregation.
 
 Every loss in `rlgates` goes through these few functions, so each rule (the clamp, the masks, the
-three aggregation modes) is written once.
+four aggregation modes) is written once.
 """
 
 from __future__ import annotations
 
 import torch
 
-#: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as the big trainers
-#: do. exp(20) is about 4.9e8: finite in float32, so extreme inputs give finite losses. Where the
+#: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as verl does (TRL
+#: does not clamp; verl's GSPO clamps at +10 on one side only: see the trainer chapter).
+#: exp(20) is about 4.9e8: finite in float32, so extreme inputs give finite losses. Where the
 #: clamp is active the gradient is zero (torch.clamp's rule).
 LOG_RATIO_CLAMP = 20.0
 
@@ -59,13 +60,38 @@ def check_loss_inputs(logp, logp_old, adv, mask, agg):
         if mask.shape != (B, T):
             raise ValueError(f"mask must be [B, T]=({B}, {T}), got {tuple(mask.shape)}")
         if mask.dtype != torch.bool:
-            if not bool(((mask == 0) | (mask == 1)).all()):
-                raise ValueError("mask must be bool or hold only 0 and 1")
-            mask = mask != 0
+            mask = _bool_mask(mask)
     if agg not in AGG_MODES:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
     dtype = compute_dtype(logp, logp_old, adv)
     return logp.to(dtype), logp_old.detach().to(dtype), adv.detach().to(dtype), mask
+
+
+def _bool_mask(mask):
+    """A 0/1 float or int mask as bool, in one conversion pass plus one counting pass: its
+    values are all 0 or 1 exactly when its non-zeros are exactly its ones (NaN counts as a
+    non-zero that is not a one)."""
+    ones = mask == 1
+    if int(torch.count_nonzero(mask)) != int(torch.count_nonzero(ones)):
+        raise ValueError("mask must be bool or hold only 0 and 1")
+    return ones
+
+
+def check_is_weight(is_weight, mask, dtype):
+    """Validate an importance weight ([B] or [B, T], finite on unmasked tokens) and return it as
+    a detached [B, 1|T] tensor of `dtype`, zero on masked tokens (so NaN there cannot leak)."""
+    if not isinstance(is_weight, torch.Tensor) or not is_weight.is_floating_point():
+        raise ValueError(f"is_weight must be a floating torch.Tensor, got {is_weight!r:.60}")
+    B, T = mask.shape
+    if is_weight.shape == (B,):
+        is_weight = is_weight[:, None].expand(B, T)
+    elif is_weight.shape != (B, T):
+        raise ValueError(f"is_weight must be [B]=({B},) or [B, T]=({B}, {T}), "
+                         f"got {tuple(is_weight.shape)}")
+    w = torch.where(mask, is_weight.detach().to(dtype), 0.0)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("is_weight must be finite and non-negative on unmasked tokens")
+    return w
 
 
 def token_log_ratio(logp, logp_old, mask):
@@ -94,19 +120,19 @@ def ratio_from_log(log_ratio):
 
 
 def aggregate(values, mask, agg):
-    """Aggregate a [B, T] matrix over the mask, as DESIGN.md defines the three modes.
+    """Aggregate a [B, T] matrix over the mask, in one of the four modes of `AGG_MODES`.
 
-    token-mean:           Σ v·m / Σ m
-    seq-mean-token-mean:  mean over sequences with ≥1 token of Σ_t v·m / Σ_t m
-    seq-mean-token-sum:   mean over sequences with ≥1 token of Σ_t v·m
-    seq-mean-token-sum-norm (Dr. GRPO's constant normalizer):
-                          mean over sequences with ≥1 token of Σ_t v·m / T, T = mask.shape[-1]
-    A fully masked batch gives 0.
+    - token-mean: Σ v·m / Σ m.
+    - seq-mean-token-mean: the mean, over sequences with ≥1 token, of Σ_t v·m / Σ_t m.
+    - seq-mean-token-sum: the mean, over sequences with ≥1 token, of Σ_t v·m.
+    - seq-mean-token-sum-norm (Dr. GRPO's constant normaliser): the mean, over sequences with
+      ≥1 token, of Σ_t v·m / T, T = mask.shape[-1].
 
-    seq-mean-token-sum-norm follows the trainer that divides by batch × max length (per-sequence
-    token sums over the padded length T, then the batch mean); another trainer divides the total
-    by T alone, which is ours times the number of sequences. Pad to a fixed generation budget so
-    that T, and with it the normalizer, stays constant during training.
+    A fully masked batch gives 0. seq-mean-token-sum-norm follows the trainer that divides by
+    batch × max length (per-sequence token sums over the padded length T, then the batch mean);
+    another trainer divides the total by T alone, which is ours times the number of sequences.
+    Pad to a fixed generation budget so that T, and with it the normaliser, stays constant
+    during training.
     """
     masked = torch.where(mask, values, 0.0)
     if agg == "token-mean":

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _numerics as nx
-from .methods import REGISTRY, Method, _hparam
+from .figures import plot_profiles
+from .methods._base import REGISTRY, Method, _hparam, unregister
+from .methods._base import register as _register
 
 
 class CustomMethod(Method):
@@ -104,7 +106,9 @@ def make(weight, name="custom", *, title=None, bounds=None, check=None, f_latex=
         old = REGISTRY.get(key)
         if old is not None and not issubclass(old, CustomMethod):
             raise ValueError(f"{key!r} is a built-in method; pick another name")
-        REGISTRY[key] = cls
+        if old is not None:
+            unregister(key)
+        _register(cls)
     return method
 
 
@@ -217,48 +221,6 @@ def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> V
 # --------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------
-def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801):
-    """f and f' against log ρ, one column per sign of A: the gate's cross-sections.
-
-    methods: Method objects or registry names, drawn with line styles -, --, -., : in turn (so
-    that coinciding curves stay visible). Each method's `bounds()` are drawn as dotted verticals
-    in its colour. Returns the figure.
-    """
-    import matplotlib.pyplot as plt
-
-    from .methods import get
-
-    methods = [get(m) if isinstance(m, str) else m for m in methods]
-    if axes is None:
-        _, axes = plt.subplots(2, len(adv), figsize=(4.2 * len(adv) + 1, 5.6), sharex=True,
-                               layout="constrained", squeeze=False)
-    log_ratio = torch.linspace(-log_ratio_lim, log_ratio_lim, n, dtype=torch.float64)
-    ratio = log_ratio.exp()
-    for j, a in enumerate(adv):
-        a_t = torch.full_like(ratio, a)
-        top, bottom = axes[0][j], axes[1][j]
-        for i, m in enumerate(methods):
-            style = {"color": f"C{i}", "lw": max(2.6 - 0.4 * i, 1.0), "label": m.title,
-                     "ls": ("-", "--", "-.", ":")[i % 4]}
-            top.plot(log_ratio, m.weight(ratio, a_t), **style)
-            bottom.plot(log_ratio, m.gate(ratio, a_t), **style)
-            for r, side in m.bounds():
-                if side == 0 or side == (1 if a > 0 else -1):
-                    for ax in (top, bottom):
-                        if abs(math.log(r)) <= log_ratio_lim:
-                            ax.axvline(math.log(r), color=f"C{i}", ls=":", lw=1.2)
-        top.plot(log_ratio, ratio, color="0.6", lw=0.8, ls="--", label="ρ (REINFORCE)")
-        top.set_title(f"A {'>' if a > 0 else '<'} 0 (A = {a:g})")
-        top.set_ylabel("weight f(ρ; A)")
-        bottom.set_ylabel("gate f′(ρ; A)")
-        bottom.set_xlabel(r"$\log \rho_t$")
-        bottom.axhline(0, color="0.4", lw=0.6)
-        for ax in (top, bottom):
-            ax.axvline(0, color="0.4", lw=0.6)
-    axes[0][0].legend(fontsize=8, loc="upper left")
-    return axes[0][0].figure
-
-
 # --------------------------------------------------------------------------------------------
 # the lab
 # --------------------------------------------------------------------------------------------

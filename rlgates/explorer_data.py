@@ -13,33 +13,24 @@ import json
 
 import numpy as np
 
-from .interactive import slider_range
-from .methods import get, names
-from .plane import CMAP, axis_symbols, log_ratio_lim
-
-#: Methods whose gate the explorer's JavaScript implements (the test checks each against rlgates).
-JS_METHODS = ("ppo", "grpo", "dapo", "sao", "sapo", "gspo", "dual_clip", "cispo", "reinforce")
-
-#: Labels for the sliders (HTML).
-PARAM_LABELS = {
-    "eps": "ε", "eps_low": "ε<sub>l</sub>", "eps_high": "ε<sub>h</sub>",
-    "tau_pos": "τ<sub>pos</sub>", "tau_neg": "τ<sub>neg</sub>", "c": "c",
-}
+from .figures import CMAP, axis_symbols, log_ratio_lim
+from .methods import REGISTRY, get, names
 
 
 def explorer_methods() -> list[str]:
-    """The registered methods the explorer offers, in rlgates' order."""
-    return [n for n in names() if n in JS_METHODS]
+    """The registered methods the explorer offers (those whose class has `explorer` JS), in
+    rlgates' order."""
+    return [n for n in names() if REGISTRY[n].explorer is not None]
 
 
-def _range(name: str, param: str, default: float) -> list[float]:
-    """rlgates.interactive.slider_range (the notebooks' sliders), widened to hold the default."""
-    lo, hi, step = slider_range(name, param, default)
+def _range(method, param: str, default: float) -> list[float]:
+    """The method's slider range (the notebooks' sliders), widened to hold the default."""
+    lo, hi, step = method.slider_range(param)
     return [float(min(lo, default)), float(max(hi, default)), float(step)]
 
 
 def colormap(n: int = 256) -> list[str]:
-    """rlgates.plane.CMAP sampled at n levels, as #rrggbb strings (index 0 = most negative)."""
+    """rlgates.figures.CMAP sampled at n levels, as #rrggbb strings (index 0 = most negative)."""
     import matplotlib
 
     cmap = matplotlib.colormaps[CMAP].resampled(n)
@@ -62,9 +53,10 @@ def method_entry(name: str) -> dict:
         "adv_symbol": adv,
         "ratio_symbol": ratio,
         "log_ratio_lim": float(log_ratio_lim(m)),
+        "js": dict(m.explorer) if m.explorer is not None else None,
         "params": [
-            {"key": k, "label": PARAM_LABELS.get(k, k), "default": float(v),
-             "range": _range(name, k, float(v))}
+            {"key": k, "label": m.param_labels.get(k, k), "default": float(v),
+             "range": _range(m, k, float(v))}
             for k, v in m.hparams.items()
         ],
     }

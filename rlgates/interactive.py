@@ -1,32 +1,11 @@
-"""Sliders for a live notebook, and the static figure that stands in for them on the web page."""
+"""Sliders for a live notebook (the static page shows `figures.plot_small_multiples` instead)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from .figures import GatePanels, log_ratio_lim, plane
 from .methods import get
-from .plane import CMAP, GatePanels, axis_symbols, draw_edges, log_ratio_lim, plane
-
-#: Slider ranges (min, max, step) for every hyperparameter name in the registry.
-SLIDER_RANGES = {
-    "eps": (0.01, 0.6, 0.01),
-    "eps_low": (0.0, 0.95, 0.01),
-    "eps_high": (0.0, 6.0, 0.01),
-    "tau_pos": (0.1, 5.0, 0.05),
-    "tau_neg": (0.1, 5.0, 0.05),
-    "c": (1.05, 10.0, 0.05),
-}
-#: Per-method overrides, where a method's scale differs (GSPO's ε are ~1e-4).
-METHOD_SLIDER_RANGES = {
-    "gspo": {"eps_low": (0.0, 2e-3, 1e-5), "eps_high": (0.0, 2e-3, 1e-5)},
-    "cispo": {"eps_low": (0.0, 1.0, 0.01), "eps_high": (0.0, 10.0, 0.05)},
-}
-
-
-def slider_range(name, key, value):
-    """(min, max, step) of the slider for hyperparameter `key` of method `name`."""
-    override = METHOD_SLIDER_RANGES.get(name, {}).get(key)
-    return override or SLIDER_RANGES.get(key, (0.0, max(2 * value, 1.0), 0.01))
 
 
 def explore(name, **panel_kwargs):
@@ -49,7 +28,7 @@ def explore(name, **panel_kwargs):
     image = w.Image(value=panels.png(), format="png")
     sliders = {}
     for key, value in method.hparams.items():
-        lo, hi, step = slider_range(method.name, key, value)
+        lo, hi, step = method.slider_range(key)
         sliders[key] = w.FloatSlider(value=value, min=lo, max=hi, step=step, description=key,
                                      readout_format=".3g", continuous_update=True)
 
@@ -68,38 +47,3 @@ def explore(name, **panel_kwargs):
     box = w.VBox([w.HBox(list(sliders.values())), status, image])
     box.panels, box.sliders, box.redraw = panels, sliders, redraw
     return box
-
-
-def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim_=None,
-                         fixed=None):
-    """One panel per value of `param`: the static stand-in for a slider.
-
-    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters.
-    All panels share axes and one colour scale, so they can be compared by eye.
-    """
-    import matplotlib.pyplot as plt
-
-    if panel not in ("signal", "gate"):
-        raise ValueError(f"panel must be 'signal' or 'gate', got {panel!r}")
-    methods = [get(name, **{**(fixed or {}), param: v}) for v in values]
-    planes = [plane(m, adv_lim, log_ratio_lim_) for m in methods]
-    if panel == "signal":
-        grids = [p.signal for p in planes]
-        vmax = max(float(np.abs(g).max()) for g in grids) or 1.0
-    else:
-        grids = [np.sign(p.adv)[None, :] * p.gate for p in planes]
-        vmax = 1.0
-    fig, axes = plt.subplots(1, len(values), figsize=(2.6 * len(values) + 1, 3), sharex=True,
-                             sharey=True, layout="constrained", squeeze=False)
-    A, r = axis_symbols(methods[0])
-    for ax, m, p, g, v in zip(axes[0], methods, planes, grids, values, strict=True):
-        im = ax.imshow(g, extent=p.extent, origin="lower", aspect="auto", cmap=CMAP,
-                       vmin=-vmax, vmax=vmax, interpolation="nearest")
-        draw_edges(ax, m, adv_lim, p)
-        ax.set_title(f"{param} = {v:g}", fontsize=10)
-        ax.set_xlabel(f"${A}$")
-    axes[0][0].set_ylabel(rf"$\log {r}$")
-    label = f"learning signal f′·${r}$·${A}$" if panel == "signal" else "gate f′, signed by A"
-    fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label=label)
-    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies", fontsize=10)
-    return fig

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from .device import device
+from .devices import device
 
 
 def setup(seed: int = 0, verbose: bool = True) -> torch.device:

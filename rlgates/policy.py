@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from .device import on_accelerator
+from .devices import on_accelerator
 
 
 def demo_size(dev) -> dict:
@@ -85,8 +85,6 @@ class TinyPolicy(nn.Module):
         return old
 
 
-
-
 def tail_reward(tokens, vocab):
     """A toy verifiable reward: the share of a response's tokens in the rare half of the vocabulary.
 
@@ -107,8 +105,24 @@ def sample_groups(policy, prompts, group, length, generator=None):
     return tokens, logp, rewards, group_advantages(rewards).flatten()
 
 
-def policy_step(policy, optimizer, method, tokens, logp_old, adv, mask=None, agg="token-mean"):
-    """One gradient step of `method.loss` on a batch; returns the loss value."""
+def demo_batch(dev, seed=0, group=8, size=None):
+    """The chapters' standard batch: a fresh TinyPolicy sized by `demo_size(dev)` and one
+    GRPO-style batch sampled from it on `dev` with a seeded generator.
+
+    Returns (policy, tokens [N, T], logp_old [N, T], rewards [N/group, group], adv [N]).
+    """
+    size = size or demo_size(dev)
+    torch.manual_seed(seed)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    policy = TinyPolicy(size["vocab"], size["hidden"]).to(dev)
+    tokens, logp_old, rewards, adv = sample_groups(policy, size["batch"] // group, group,
+                                                   size["length"], g)
+    return policy, tokens, logp_old, rewards, adv
+
+
+def policy_step(policy, optimizer, method, tokens, logp_old, adv, mask=None, agg=None):
+    """One gradient step of `method.loss` on a batch (agg None: the method's default); returns
+    the loss value."""
     loss = method.loss(policy.log_probs(tokens), logp_old, adv, mask, agg)
     optimizer.zero_grad()
     loss.backward()

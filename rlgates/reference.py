@@ -66,14 +66,39 @@ def sao_loss(logp, logp_old, adv, mask, agg, eps_low=0.3, eps_high=5.0, safety_e
     return agg_loss(-torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv, mask, agg, safety_eps)
 
 
+def dual_clip_loss(logp, logp_old, adv, mask, agg, eps=0.2, c=3.0, safety_eps=0.0):
+    """Dual-clip PPO as verl writes it: for A < 0, min(−c·A, PPO's loss)."""
+    ratio = _ratio(logp, logp_old)
+    losses1 = -adv * ratio
+    losses2 = -adv * torch.clamp(ratio, 1 - eps, 1 + eps)
+    clip1 = torch.maximum(losses1, losses2)
+    clip2 = torch.min(-adv * c, clip1)
+    return agg_loss(torch.where(adv < 0, clip2, clip1), mask, agg, safety_eps)
+
+
+def cispo_loss(logp, logp_old, adv, mask, agg, eps_low=1.0, eps_high=4.0, safety_eps=0.0):
+    """CISPO: −sg(clip(ρ, 1−ε_l, 1+ε_h))·A·log π."""
+    clipped = torch.clamp(_ratio(logp, logp_old), 1 - eps_low, 1 + eps_high).detach()
+    return agg_loss(-clipped * adv * logp, mask, agg, safety_eps)
+
+
+def reinforce_loss(logp, logp_old, adv, mask, agg, safety_eps=0.0):
+    """The unclipped importance-weighted policy gradient: −ρ·A."""
+    return agg_loss(-_ratio(logp, logp_old) * adv, mask, agg, safety_eps)
+
+
+#: The reference loss of every built-in method, with rlgates' hyperparameter names.
+REFERENCES = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss,
+              "dual_clip": dual_clip_loss, "cispo": cispo_loss, "reinforce": reinforce_loss}
+
+
 def reference_loss(name, logp, logp_old, adv, mask, agg, **hparams):
     """The reference loss for a registry name, with rlgates' hyperparameter names."""
-    if adv.dim() == 1:
+    if adv.dim() == 1:  # per-sequence advantages broadcast over the tokens
         adv = adv[:, None].expand_as(logp)
     if name in ("ppo", "grpo"):
         eps = hparams.get("eps", 0.2)
-        return clip_loss(logp, logp_old, adv, mask, agg, eps, eps)
-    table = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss}
-    if name not in table:
+        return clip_loss(logp, logp_old, adv, mask, agg, eps, eps, hparams.get("safety_eps", 0.0))
+    if name not in REFERENCES:
         raise ValueError(f"no reference for {name!r}")
-    return table[name](logp, logp_old, adv, mask, agg, **hparams)
+    return REFERENCES[name](logp, logp_old, adv, mask, agg, **hparams)

@@ -22,7 +22,7 @@ def export(out: Path) -> list[Path]:
     written = []
     for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
         cells = json.loads(nb_path.read_text())["cells"]
-        parts = [f"# Code cells of chapters/{nb_path.name}, exported by scripts/export_chapters.py\n"]
+        parts = [f"# Code cells of chapters/{nb_path.name} (scripts/export_chapters.py)\n"]
         for i, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue

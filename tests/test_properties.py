@@ -7,13 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlgates
-from tests.conftest import make_batch
+from tests.conftest import HARD, make_batch
 
 log_ratios = st.floats(-6, 6, allow_nan=False)
 advs = st.floats(-5, 5, allow_nan=False)
 eps_ = st.floats(0.0, 0.95)
 taus = st.floats(0.05, 10.0)
-HARD = ["ppo", "grpo", "dapo", "sao", "gspo"]
 
 
 def t(x):

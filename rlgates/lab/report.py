@@ -109,10 +109,11 @@ def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
             f"interval] of each run's mean over its last {last} steps minus its baseline's.")
 
 
-def method_color(label, i=0):
-    """The registered method's line colour (its `color`), else matplotlib's cycle."""
-    cls = REGISTRY.get(str(label).split(" ")[0])
-    return getattr(cls, "color", None) or f"C{i}"
+def method_color(label, fallback="C0"):
+    """A registered method's line colour (its class's `color`), else `fallback`. A label such
+    as "dapo eps_high=2" takes the colour of its first word."""
+    cls = REGISTRY.get(str(label).lower()) or REGISTRY.get(str(label).lower().split(" ")[0])
+    return getattr(cls, "color", None) or fallback
 
 
 def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
@@ -130,7 +131,7 @@ def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
         steps = results[0].metrics["step"][: c.shape[1]]
         mean = c.mean(0)
         half = t975(c.shape[0] - 1) * c.std(0) / math.sqrt(c.shape[0]) if len(c) > 1 else 0 * mean
-        color = (colors or {}).get(name) or method_color(name, i)
+        color = (colors or {}).get(name) or method_color(name, f"C{i}")
         ax.plot(steps, mean.numpy(), color=color, lw=1.8, label=name if label else None)
         ax.fill_between(steps, (mean - half).numpy(), (mean + half).numpy(), color=color,
                         alpha=0.18, lw=0)

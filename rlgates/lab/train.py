@@ -31,7 +31,7 @@ import torch
 
 from .. import _numerics as nx
 from ..advantages import group_advantages
-from ..device import on_accelerator
+from ..devices import on_accelerator
 from ..diagnostics import step_stats, token_entropy, token_gates
 from ..methods import get
 from ..policy import LabPolicy

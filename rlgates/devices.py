@@ -58,3 +58,27 @@ def compare_devices(make_step, dev, reps: int = 20, label: str = "loss + backwar
         line += f" (speed-up {cpu / acc:.1f}x)"
     print(f"{label}: {line}")
     return times
+
+
+def time_loss(method, batch, dev, reps: int = 20, agg=None):
+    """On an accelerator: time `method.loss` forward + backward on `batch` (logp, logp_old, adv,
+    mask) on the CPU and on `dev`, print both and the speed-up, and return the times. On the
+    CPU alone there is nothing to compare: it returns None and prints nothing.
+    """
+    if not on_accelerator(dev):
+        return None
+    logp, logp_old, adv, mask = batch
+
+    def make_step(d):
+        lp, lo, a = (t.detach().to(d) for t in (logp, logp_old, adv))
+        mk = None if mask is None else mask.to(d)
+        leaf = lp.requires_grad_(True)
+
+        def step():
+            leaf.grad = None
+            method.loss(leaf, lo, a, mk, agg).backward()
+
+        return step
+
+    label = f"{method.title or method.name}: loss + backward on {logp.numel()} tokens"
+    return compare_devices(make_step, dev, reps, label)

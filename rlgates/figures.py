@@ -1,11 +1,17 @@
-"""The (A, log ρ) plane: gate and learning-signal grids, and the book's figures.
+"""Every figure of the book: the (A, log ρ) plane, its colours, and the plot helpers.
 
 x = advantage A, y = log ρ. Colours are the same in every figure: encourage (the gradient raises
 the token's probability) is red, discourage is blue, zero gradient is white or grey.
+
+    ENCOURAGE, DISCOURAGE, ZERO, CMAP, EDGE_STYLE   the colours and the clip-edge line
+    plane(method)                                   gate and signal on an (A, log ρ) grid
+    sign_legend(ax), scatter_tokens(ax, adv, log_ratio, method)
+    GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,15 +19,70 @@ import torch
 
 from .methods import Method, get
 
-#: Default half-height of the log ρ axis, per method, so that each gate's edges are visible.
-LOG_RATIO_LIM = {"sao": 2.0, "sapo": 3.0, "gspo": 1.5e-3, "cispo": 2.0, "dual_clip": 1.5}
-DEFAULT_LOG_RATIO_LIM = 0.6
-CMAP = "RdBu_r"  # red > 0 (encourage), white 0, blue < 0 (discourage)
+ENCOURAGE = "#b2182b"  # red: the gradient raises the token's probability (A > 0, gate open)
+DISCOURAGE = "#2166ac"  # blue: it lowers it (A < 0, gate open)
+ZERO = "#e0e0e0"  # grey: zero gradient (the gate is shut)
+CMAP = "RdBu_r"  # the same three as a colour map: red > 0, white 0, blue < 0
 EDGE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 
 
+def _method(method) -> Method:
+    return get(method) if isinstance(method, str) else method
+
+
 def log_ratio_lim(method: Method) -> float:
-    return LOG_RATIO_LIM.get(method.name, DEFAULT_LOG_RATIO_LIM)
+    """The method's own half-height of the log ρ axis (its class's `log_ratio_lim`)."""
+    return getattr(method, "log_ratio_lim", Method.log_ratio_lim)
+
+
+def sign_legend(ax, extra=(), **kwargs):
+    """A legend for the sign of A: red "A > 0 (encourage)", blue "A < 0 (discourage)", then any
+    `extra` handles (matplotlib artists with labels)."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker="o", ls="", color=ENCOURAGE, label="A > 0 (encourage)"),
+               Line2D([], [], marker="o", ls="", color=DISCOURAGE, label="A < 0 (discourage)"),
+               *extra]
+    kwargs.setdefault("fontsize", 8)
+    return ax.legend(handles=handles, **kwargs)
+
+
+def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim=None,
+                   size=10, legend=True):
+    """Tokens as points on the (A, log ρ) plane, red for A > 0 and blue for A < 0; tokens whose
+    gate is shut (from `gate`, or from `method` at these points) are hollow grey circles.
+
+    With `method` its clip edges are drawn too. Returns the axes.
+    """
+    adv = np.asarray(torch.as_tensor(adv, dtype=torch.float64).flatten())
+    log_ratio = np.asarray(torch.as_tensor(log_ratio, dtype=torch.float64).flatten())
+    method = _method(method) if method is not None else None
+    if gate is None and method is not None:
+        gate = method.gate(torch.from_numpy(log_ratio).exp(), torch.from_numpy(adv))
+    shut = (np.zeros_like(adv, dtype=bool) if gate is None
+            else np.asarray(torch.as_tensor(gate).flatten()) == 0)
+    colour = np.where(adv > 0, ENCOURAGE, DISCOURAGE)
+    ax.scatter(adv[~shut], log_ratio[~shut], s=size, c=colour[~shut], lw=0, alpha=0.8)
+    if shut.any():
+        ax.scatter(adv[shut], log_ratio[shut], s=size, facecolors="none", edgecolors="0.45",
+                   lw=0.7)
+    adv_lim = adv_lim or float(np.abs(adv).max() or 1.0) * 1.05
+    if method is not None:
+        draw_edges(ax, method, adv_lim)
+    ax.axvline(0, color="0.4", lw=0.6)
+    ax.axhline(0, color="0.4", lw=0.6)
+    ax.set_xlim(-adv_lim, adv_lim)
+    if lim is not None:
+        ax.set_ylim(-lim, lim)
+    A, r = axis_symbols(method) if method is not None else ("A_t", r"\rho_t")
+    ax.set_xlabel(f"advantage ${A}$")
+    ax.set_ylabel(rf"$\log {r}$")
+    if legend:
+        from matplotlib.lines import Line2D
+
+        extra = [Line2D([], [], marker="o", ls="", mfc="none", mec="0.45", label="gate shut")]
+        sign_legend(ax, extra=extra if shut.any() else (), loc="best")
+    return ax
 
 
 def axis_symbols(method: Method):
@@ -46,7 +107,7 @@ class Plane:
 
 def plane(method, adv_lim=1.0, log_ratio_lim_=None, n=201) -> Plane:
     """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim."""
-    method = get(method) if isinstance(method, str) else method
+    method = _method(method)
     lim = log_ratio_lim(method) if log_ratio_lim_ is None else log_ratio_lim_
     adv = torch.linspace(-adv_lim, adv_lim, n, dtype=torch.float64)
     log_ratio = torch.linspace(-lim, lim, n, dtype=torch.float64)
@@ -189,7 +250,7 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim_=0.6, ax=None):
     region = 1 + np.sign(p.adv)[None, :] * p.gate
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4.5), layout="constrained")
-    colours = ["#2166ac", "#e0e0e0", "#b2182b"]
+    colours = [DISCOURAGE, ZERO, ENCOURAGE]
     ax.imshow(region, extent=p.extent, origin="lower", aspect="auto",
               cmap=ListedColormap(colours), vmin=0, vmax=2, interpolation="nearest")
     draw_edges(ax, method, adv_lim)
@@ -212,3 +273,78 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim_=0.6, ax=None):
                        plt.Line2D([], [], **EDGE_STYLE, label="clip bound")],
               loc="upper left", fontsize=8, framealpha=0.9)
     return ax.figure
+
+
+def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim_=None,
+                         fixed=None):
+    """One panel per value of `param`: the static stand-in for a slider.
+
+    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters.
+    All panels share axes and one colour scale, so they can be compared by eye.
+    """
+    import matplotlib.pyplot as plt
+
+    if panel not in ("signal", "gate"):
+        raise ValueError(f"panel must be 'signal' or 'gate', got {panel!r}")
+    methods = [get(name, **{**(fixed or {}), param: v}) for v in values]
+    planes = [plane(m, adv_lim, log_ratio_lim_) for m in methods]
+    if panel == "signal":
+        grids = [p.signal for p in planes]
+        vmax = max(float(np.abs(g).max()) for g in grids) or 1.0
+    else:
+        grids = [np.sign(p.adv)[None, :] * p.gate for p in planes]
+        vmax = 1.0
+    fig, axes = plt.subplots(1, len(values), figsize=(2.6 * len(values) + 1, 3), sharex=True,
+                             sharey=True, layout="constrained", squeeze=False)
+    A, r = axis_symbols(methods[0])
+    for ax, m, p, g, v in zip(axes[0], methods, planes, grids, values, strict=True):
+        im = ax.imshow(g, extent=p.extent, origin="lower", aspect="auto", cmap=CMAP,
+                       vmin=-vmax, vmax=vmax, interpolation="nearest")
+        draw_edges(ax, m, adv_lim, p)
+        ax.set_title(f"{param} = {v:g}", fontsize=10)
+        ax.set_xlabel(f"${A}$")
+    axes[0][0].set_ylabel(rf"$\log {r}$")
+    label = f"learning signal f′·${r}$·${A}$" if panel == "signal" else "gate f′, signed by A"
+    fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label=label)
+    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies", fontsize=10)
+    return fig
+
+
+def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801):
+    """f and f' against log ρ, one column per sign of A: the gate's cross-sections.
+
+    methods: Method objects or registry names, drawn with line styles -, --, -., : in turn (so
+    that coinciding curves stay visible). Each method's `bounds()` are drawn as dotted verticals
+    in its colour. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    methods = [_method(m) for m in methods]
+    if axes is None:
+        _, axes = plt.subplots(2, len(adv), figsize=(4.2 * len(adv) + 1, 5.6), sharex=True,
+                               layout="constrained", squeeze=False)
+    log_ratio = torch.linspace(-log_ratio_lim, log_ratio_lim, n, dtype=torch.float64)
+    ratio = log_ratio.exp()
+    for j, a in enumerate(adv):
+        a_t = torch.full_like(ratio, a)
+        top, bottom = axes[0][j], axes[1][j]
+        for i, m in enumerate(methods):
+            style = {"color": f"C{i}", "lw": max(2.6 - 0.4 * i, 1.0), "label": m.title,
+                     "ls": ("-", "--", "-.", ":")[i % 4]}
+            top.plot(log_ratio, m.weight(ratio, a_t), **style)
+            bottom.plot(log_ratio, m.gate(ratio, a_t), **style)
+            for r, side in m.bounds():
+                if side == 0 or side == (1 if a > 0 else -1):
+                    for ax in (top, bottom):
+                        if abs(math.log(r)) <= log_ratio_lim:
+                            ax.axvline(math.log(r), color=f"C{i}", ls=":", lw=1.2)
+        top.plot(log_ratio, ratio, color="0.6", lw=0.8, ls="--", label="ρ (REINFORCE)")
+        top.set_title(f"A {'>' if a > 0 else '<'} 0 (A = {a:g})")
+        top.set_ylabel("weight f(ρ; A)")
+        bottom.set_ylabel("gate f′(ρ; A)")
+        bottom.set_xlabel(r"$\log \rho_t$")
+        bottom.axhline(0, color="0.4", lw=0.6)
+        for ax in (top, bottom):
+            ax.axvline(0, color="0.4", lw=0.6)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    return axes[0][0].figure

@@ -1,0 +1,22 @@
+"""The policy losses, one class per method, grouped by the shape of their gate.
+
+    clip.py         hard clips by the sign of A: ppo, grpo, dapo, gspo, dual_clip
+    window.py       a window whatever the sign of A: sao
+    smooth.py       a smooth gate: sapo
+    weight_clip.py  a clipped weight that never drops a token: cispo
+    reinforce.py    no gate: reinforce
+
+Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
+table in rlgates, the book and the tests read the registry.
+"""
+
+from . import clip, reinforce, smooth, weight_clip, window  # noqa: F401  (registers them)
+from ._base import REGISTRY, Method, get, names, register, unregister
+from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .reinforce import Reinforce
+from .smooth import SAPO
+from .weight_clip import CISPO
+from .window import SAO
+
+__all__ = ["CISPO", "DAPO", "GRPO", "GSPO", "PPO", "REGISTRY", "SAO", "SAPO", "DualClip",
+           "Method", "Reinforce", "SignClip", "get", "names", "register", "unregister"]

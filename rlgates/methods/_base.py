@@ -1,0 +1,199 @@
+"""The `Method` base class and the registry.
+
+A method is one class that carries every fact about it: its formulas (`_weight` is f, `_gate` is
+f'), defaults, default aggregation and its source, plot range, colour, slider ranges, the
+explorer's JavaScript, and the trainers' flags. Decorate the class with `@register` where it is
+defined; every per-method table in the library, the book and the tests is derived from here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import _numerics as nx
+
+#: name -> class, filled by `@register` in the family modules (clip, window, smooth, ...).
+REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: add a Method subclass to the registry under `cls.name`."""
+    key = cls.name
+    if not key or key != key.lower():
+        raise ValueError(f"a registered method needs a lowercase name, got {key!r}")
+    if key in REGISTRY and REGISTRY[key] is not cls:
+        raise ValueError(f"a method named {key!r} is already registered; unregister it first")
+    REGISTRY[key] = cls
+    return cls
+
+
+def unregister(name: str) -> type[Method]:
+    """Remove a method from the registry (tests that register one undo it with this)."""
+    try:
+        return REGISTRY.pop(str(name).lower())
+    except KeyError:
+        raise ValueError(f"no registered method {name!r}") from None
+
+
+def names() -> list[str]:
+    """The registered method names: the article's methods in its order, then the others."""
+    return sorted(REGISTRY, key=lambda k: REGISTRY[k].order)
+
+
+def get(name: str, **hparams) -> Method:
+    """Build a method by name: rlgates.get("dapo", eps_high=0.3)."""
+    key = str(name).lower()
+    if key not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(names())}")
+    return REGISTRY[key](**hparams)
+
+
+def _hparam(method, name, value, *, low=None, low_open=False, below=None):
+    """Validate one hyperparameter: a finite real number within the stated range."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{method}: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{method}: {name} must be finite, got {value!r}")
+    if low is not None and (v <= low if low_open else v < low):
+        op = ">" if low_open else "≥"
+        raise ValueError(f"{method}: {name} must be {op} {low}, got {value!r}")
+    if below is not None and v >= below:
+        raise ValueError(f"{method}: {name} must be < {below}, got {value!r}")
+    return v
+
+
+class Method:
+    """Base class: a token objective J = f(ρ; A)·A and everything derived from it.
+
+    Subclasses set the class attributes below and implement `_weight` (f) and `_gate` (f') on
+    float tensors; `@register` makes them available to `rlgates.get`.
+    """
+
+    # --- identity -----------------------------------------------------------------------------
+    name = ""  # registry name, lowercase
+    title = ""  # display name
+    date = ""  # when the paper appeared
+    paper = ""  # citation with arXiv id
+    order = 100.0  # position in `names()`: the article's methods first, in its order
+    article_row: int | None = None  # its row in the article's Table 1 (None: not in it)
+    level = "token"  # "token" or "sequence": which ratio the gate sees
+    hard = False  # True: the gate is 0 or 1 everywhere
+    # --- defaults -----------------------------------------------------------------------------
+    defaults: dict = {}
+    agg = "token-mean"  # the default aggregation of `loss`: the paper's convention
+    agg_source = ""  # where that default comes from, and where a trainer differs
+    # --- figures, sliders, explorer ------------------------------------------------------------
+    color = "0.35"  # line colour in learning curves (red and blue stay reserved for the sign of A)
+    log_ratio_lim = 0.6  # half-height of the log ρ axis, so that the gate's edges are visible
+    slider_ranges: dict = {}  # hyperparameter -> (min, max, step) of its slider
+    param_labels = {"eps": "ε", "eps_low": "ε<sub>l</sub>", "eps_high": "ε<sub>h</sub>",
+                    "tau_pos": "τ<sub>pos</sub>", "tau_neg": "τ<sub>neg</sub>", "c": "c"}
+    #: The gate in JavaScript for the web explorer: {"gate": expression in r (ρ), a (A) and p
+    #: (the hyperparameters), "bounds": expression giving [[ratio, side], ...]}; None: the
+    #: explorer does not offer this method. The browser test checks it against `gate`.
+    explorer: dict | None = None
+    #: How the big trainers spell this loss (filled in by the trainer chapter's adapters).
+    trainer_flags: dict = {}
+    # --- Table 1 --------------------------------------------------------------------------------
+    f_latex = ""
+    gate_latex = ""
+    insight = ""
+
+    def __init__(self, **hparams):
+        unknown = sorted(set(hparams) - set(self.defaults))
+        if unknown:
+            known = ", ".join(self.defaults) or "no hyperparameters"
+            raise ValueError(f"{self.name}: unknown hyperparameter(s) {unknown}; it takes {known}")
+        self.hparams = {**self.defaults, **hparams}
+        self._validate()
+
+    def _validate(self):
+        pass
+
+    @classmethod
+    def slider_range(cls, key: str) -> tuple[float, float, float]:
+        """(min, max, step) of the slider for hyperparameter `key`."""
+        if key in cls.slider_ranges:
+            return cls.slider_ranges[key]
+        return (0.0, max(2 * float(cls.defaults.get(key, 0.5)), 1.0), 0.01)
+
+    # --- the elementwise functions of (ρ, A) ---------------------------------------------------
+    def weight(self, ratio, adv):
+        """f(ρ; A): the weight whose product with A is the token objective."""
+        ratio, adv = self._lift(ratio, adv)
+        return self._weight(ratio, adv)
+
+    def gate(self, ratio, adv):
+        """f'(ρ; A) = ∂f/∂ρ: how much of the shared term ρ·A·∇log π gets through."""
+        ratio, adv = self._lift(ratio, adv)
+        return self._gate(ratio, adv)
+
+    def signal(self, ratio, adv):
+        """The learning signal f'(ρ; A)·ρ·A: the gradient's coefficient on ∇log π."""
+        ratio, adv = self._lift(ratio, adv)
+        return self._gate(ratio, adv) * ratio * adv
+
+    def objective(self, ratio, adv):
+        """The token objective J = f(ρ; A)·A."""
+        ratio, adv = self._lift(ratio, adv)
+        return self._weight(ratio, adv) * adv
+
+    @staticmethod
+    def _lift(ratio, adv):
+        ratio, adv = nx.as_float(ratio, "ratio"), nx.as_float(adv, "adv")
+        dtype = nx.compute_dtype(ratio, adv)
+        return ratio.to(dtype), adv.to(dtype)
+
+    def bounds(self):
+        """Hard gate edges for plots: [(ratio, side)], side +1 (A>0), -1 (A<0) or 0 (both)."""
+        return []
+
+    # --- the loss -------------------------------------------------------------------------------
+    def token_objective(self, logp, logp_old, adv, mask):
+        """[B, T] objective J_t, differentiable in logp. Inputs already checked and lifted."""
+        # Padding may hold NaN or ±inf: `aggregate` drops it from the value, and the log-ratio
+        # clamp's backward sends it zero gradient (NaN fails the clamp's range test), so the
+        # token path needs no masking pass of its own (tested).
+        ratio = nx.ratio_from_log(logp - logp_old)
+        return self._weight(ratio, adv) * adv
+
+    def loss(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None):
+        """Minus the aggregated objective: a scalar whose gradient flows into `logp` only.
+
+        logp, logp_old, mask: [B, T]; adv: [B] or [B, T]; agg: one of rlgates.AGG_MODES, or None
+        for this method's own default `self.agg`. is_weight: an optional importance weight,
+        [B] or [B, T], taken as a constant (no gradient) and multiplied into each token's
+        objective: an off-policy correction outside the gate (rlgates.offpolicy).
+        """
+        agg = self.agg if agg is None else agg
+        logp, logp_old, adv, mask = nx.check_loss_inputs(logp, logp_old, adv, mask, agg)
+        objective = self.token_objective(logp, logp_old, adv, mask)
+        if is_weight is not None:
+            objective = objective * nx.check_is_weight(is_weight, mask, objective.dtype)
+        return -nx.aggregate(objective, mask, agg)
+
+    def grad_coefficient(self, logp, logp_old, adv, mask):
+        """[B, T] f'(ρ; A)·ρ·A: the coefficient on ∇log π of each token (eq. 5). ρ is the ratio
+        the gate sees (ρ_s for sequence-level methods); where the log-ratio clamp is active the
+        gradient is zero."""
+        log_ratio = nx.gate_log_ratio(logp, logp_old, mask, self.level)
+        inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP
+        ratio = nx.ratio_from_log(log_ratio)
+        return self._gate(ratio, adv) * ratio * adv * inside
+
+    def expected_grad(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None):
+        """Closed-form ∂loss/∂logp = −f'(ρ; A)·ρ·A·w_t (eq. 5), w_t the aggregation weight,
+        times `is_weight` when one is given."""
+        agg = self.agg if agg is None else agg
+        logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask, agg)
+        w = nx.aggregation_weight(mask, agg).to(logp.dtype)
+        grad = -self.grad_coefficient(logp, logp_old, adv, mask) * w
+        if is_weight is not None:
+            grad = grad * nx.check_is_weight(is_weight, mask, grad.dtype)
+        return grad
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v:g}" for k, v in self.hparams.items())
+        return f"rlgates.get({self.name!r}{', ' if args else ''}{args})"

@@ -1,0 +1,58 @@
+"""A smooth gate with no edge: SAPO.
+
+    f  = (4/τ)·σ(τ(ρ−1)),  τ = τ_pos if A > 0 else τ_neg
+    f' = 4σ(τ(ρ−1))(1 − σ(τ(ρ−1))) = sech²(τ(ρ−1)/2)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._base import Method, _hparam, register
+
+
+@register
+class SAPO(Method):
+    """A smooth gate: f = (4/τ)·σ(τ(ρ−1)), τ = τ_pos if A > 0 else τ_neg; f' = sech²(τ(ρ−1)/2)."""
+
+    name, title, date, order = "sapo", "SAPO", "November 2025", 5
+    article_row = 4  # its row in the article's Table 1
+    paper = "Gao et al. (Qwen team) 2025, Soft Adaptive Policy Optimization, arXiv:2511.20347"
+    defaults = {"tau_pos": 1.0, "tau_neg": 1.05}
+    agg = "seq-mean-token-mean"
+    agg_source = ("SAPO's objective averages each response's tokens, then the G responses; "
+                  "verl's and TRL's sapo losses use the same per-sequence mean.")
+    color = "#66a61e"
+    log_ratio_lim = 3.0
+    slider_ranges = {"tau_pos": (0.1, 5.0, 0.05), "tau_neg": (0.1, 5.0, 0.05)}
+    explorer = {
+        "gate": "Math.pow(Math.cosh((a > 0 ? p.tau_pos : p.tau_neg) * (r - 1) / 2), -2)",
+        "bounds": "[]",
+    }
+    f_latex = (r"\begin{gathered}\tfrac{4}{\tau_t}\,\sigma\!\big(\tau_t(\rho_t-1)\big),\\ "
+               r"\tau_t=\tau_{\rm pos}\text{ if }A_t>0\text{ else }\tau_{\rm neg}\end{gathered}")
+    gate_latex = (r"\begin{gathered}4\sigma\big(\tau_t(\rho_t-1)\big)"
+                  r"\big(1-\sigma(\tau_t(\rho_t-1))\big)"
+                  r"\\=\operatorname{sech}^2\!\big(\tfrac{\tau_t(\rho_t-1)}{2}\big)\end{gathered}")
+    insight = (
+        "A bell-shaped gate with no edge; the negative side uses a slightly larger "
+        "temperature, so tokens with a negative advantage lose trust sooner."
+    )
+
+    def _validate(self):
+        h = self.hparams
+        for k in ("tau_pos", "tau_neg"):
+            h[k] = _hparam(self.name, k, h[k], low=0, low_open=True)
+
+    def _tau(self, adv):
+        h = self.hparams  # tensors of adv's dtype, so float64 stays exact
+        return torch.where(adv > 0, adv.new_tensor(h["tau_pos"]), adv.new_tensor(h["tau_neg"]))
+
+    def _weight(self, ratio, adv):
+        tau = self._tau(adv)
+        return 4 / tau * torch.sigmoid(tau * (ratio - 1))
+
+    def _gate(self, ratio, adv):
+        x = self._tau(adv) * (ratio - 1)
+        # sech²(x/2) = 4σ(x)(1−σ(x)); the cosh form stays ≤ 1 and keeps relative precision far out
+        return torch.cosh(x / 2).pow(-2)

@@ -1,0 +1,99 @@
+"""Clip the importance weight, not the update: CISPO. No token is ever dropped.
+
+    gradient = sg(clip(ρ, 1−ε_l, 1+ε_h))·A·∇log π,  so  f' = clip(ρ)/ρ  (never 0)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _numerics as nx
+from ._base import Method, _hparam, register
+
+
+@register
+class CISPO(Method):
+    """CISPO: clip the importance weight, not the update, so that no token is ever dropped.
+
+    The paper's objective is J = sg(clip(ρ, 1−ε_l, 1+ε_h))·A·log π. Its gradient is
+    clip(ρ)·A·∇log π = (clip(ρ)/ρ)·ρ·A·∇log π, so in our lens the gate is f' = clip(ρ)/ρ: 1 inside
+    the window, (1+ε_h)/ρ above it, (1−ε_l)/ρ below it, and never 0.
+
+    Two objectives, one gradient:
+
+    - `loss` (and so training) uses CISPO's own form above, as trainers write it. Its *value* is
+      not f·A (it carries log π, not a function of ρ alone); its *gradient* is eq. 5's.
+    - `weight` is a genuine antiderivative of the gate, continuous, with f(1) = 1: f = ρ
+      inside, (1+ε_h)·(1 + log(ρ/(1+ε_h))) above, (1−ε_l)·(1 + log(ρ/(1−ε_l))) below.
+      `objective` = f·A is what the plane figures and a PPO-style loss would use.
+
+    Defaults: MiniMax-M1 sets no lower bound in practice (ε_l large) and tunes only ε_h; we found
+    no value of ε_h printed in the report. We take ε_l = 1 (lower bound 0: no lower clip, since
+    ρ > 0) and ε_h = 4 (upper bound 5), the default of public trainers that cite the ScaleRL
+    recipe (Khatri et al. 2025, arXiv:2510.13786). ε_l must lie in [0, 1] (use 1 for "no lower
+    bound"); ε_h ≥ 0.
+    """
+
+    name, title, date, order = "cispo", "CISPO", "June 2025", 8
+    paper = "MiniMax 2025, MiniMax-M1, arXiv:2506.13585"
+    defaults = {"eps_low": 1.0, "eps_high": 4.0}
+    agg_source = "MiniMax-M1 normalises CISPO's loss by the total token count of the batch."
+    color = "#e6ab02"
+    log_ratio_lim = 2.0
+    slider_ranges = {"eps_low": (0.0, 1.0, 0.01), "eps_high": (0.0, 10.0, 0.05)}
+    explorer = {
+        # ε_l = 1 means no lower bound: none is drawn
+        "gate": "Math.min(Math.max(r, 1 - p.eps_low), 1 + p.eps_high) / r",
+        "bounds": ("1 - p.eps_low > 0 ? [[1 + p.eps_high, 0], [1 - p.eps_low, 0]]"
+                   " : [[1 + p.eps_high, 0]]"),
+    }
+    f_latex = (r"\int_1^{\rho_t}\frac{\operatorname{clip}(u,\,1-\epsilon_l,\,1+\epsilon_h)}{u}\,du"
+               r"+1\quad\big(\text{loss: }\operatorname{sg}[\operatorname{clip}(\rho_t)]"
+               r"\,A_t\log\pi_\theta\big)")
+    gate_latex = r"\operatorname{clip}(\rho_t,\,1-\epsilon_l,\,1+\epsilon_h)\,/\,\rho_t"
+    insight = (
+        "Clip the weight, not the token: a token far outside the window still gets a bounded "
+        "gradient, so rare tokens keep learning."
+    )
+
+    def _validate(self):
+        h = self.hparams
+        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0)
+        if h["eps_low"] > 1:
+            raise ValueError(f"cispo: eps_low must be ≤ 1 (1 means no lower bound), "
+                             f"got {h['eps_low']!r}")
+        h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
+        self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
+
+    def clipped(self, ratio):
+        """clip(ρ, 1−ε_l, 1+ε_h): the (stop-gradient) importance weight of CISPO's loss."""
+        return ratio.clamp(self.low, self.high)
+
+    def _weight(self, ratio, adv):
+        high = self.high * (1 + torch.log(ratio / self.high))
+        f = torch.where(ratio > self.high, high, ratio)
+        if self.low > 0:  # with no lower bound the middle branch reaches down to ρ = 0
+            safe = torch.where(ratio < self.low, ratio, self.low)  # no log(0) in a dead branch
+            low = self.low * (1 + torch.log(safe / self.low))
+            f = torch.where(ratio < self.low, low, f)
+        return f * torch.ones_like(adv)
+
+    def _gate(self, ratio, adv):
+        return (self.clipped(ratio) / ratio) * torch.ones_like(adv)
+
+    def token_objective(self, logp, logp_old, adv, mask):
+        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not)."""
+        ratio = nx.ratio_from_log(nx.token_log_ratio(logp.detach(), logp_old, mask))
+        return self.clipped(ratio) * adv * torch.where(mask, logp, 0.0)
+
+    def grad_coefficient(self, logp, logp_old, adv, mask):
+        """clip(ρ)·A. Unlike the clipped losses, the ±20 log-ratio clamp does not zero the
+        gradient here: it flows through log π directly, and the clamp only affects the weight."""
+        ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))
+        return self.clipped(ratio) * adv
+
+    def bounds(self):
+        edges = [(self.high, 0)]
+        if self.low > 0:
+            edges.append((self.low, 0))
+        return edges

@@ -1,0 +1,56 @@
+"""A window on the ratio whatever the sign of A: SAO's top-hat trust region.
+
+    f  = clip(ρ, 1−ε_l, 1+ε_h)
+    f' = 1[1−ε_l < ρ < 1+ε_h]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _numerics as nx
+from ._base import Method, _hparam, register
+
+
+@register
+class SAO(Method):
+    """A top-hat trust region: f = clip(ρ, 1−ε_l, 1+ε_h) whatever the sign of A."""
+
+    name, title, date, order = "sao", "SAO", "July 2026", 4
+    article_row = 5  # its row in the article's Table 1
+    paper = "Hou et al. 2026, Single-rollout Asynchronous Optimization, arXiv:2607.07508"
+    hard = True
+    defaults = {"eps_low": 0.3, "eps_high": 5.0}
+    agg_source = "No source states SAO's aggregation; we use the token mean, the common default."
+    color = "#e7298a"
+    log_ratio_lim = 2.0
+    slider_ranges = {"eps_low": (0.0, 0.95, 0.01), "eps_high": (0.0, 6.0, 0.01)}
+    explorer = {
+        "gate": "r > 1 - p.eps_low && r < 1 + p.eps_high ? 1 : 0",
+        "bounds": "[[1 + p.eps_high, 0], [1 - p.eps_low, 0]]",
+    }
+    f_latex = r"\operatorname{clip}(\rho_t,\,1-\epsilon_l,\,1+\epsilon_h)"
+    gate_latex = r"\mathbf{1}[1-\epsilon_l<\rho_t<1+\epsilon_h]"
+    insight = (
+        "One window for every token, whatever its advantage: a ratio outside (1−ε_l, "
+        "1+ε_h) is treated as stale data and passes nothing."
+    )
+
+    def _validate(self):
+        h = self.hparams
+        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0, below=1)
+        h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
+        self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
+
+    def _weight(self, ratio, adv):
+        # not torch.clamp: its derivative is 1 at the edges, where the strict gate's is 0
+        f = nx.strict_clamp(ratio, self.low, self.high)
+        return f.expand(torch.broadcast_shapes(f.shape, adv.shape))  # a view: no extra pass
+
+    def _gate(self, ratio, adv):
+        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+        inside = (ratio > self.low) & (ratio < self.high)
+        return inside.to(ratio.dtype).expand(shape)
+
+    def bounds(self):
+        return [(self.high, 0), (self.low, 0)]
