@@ -171,31 +171,34 @@ def default_agg(method) -> str:
 def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
     """Σ_r m.loss(run r) for [R, b, T] inputs: each run's own loss, added up.
 
-    One call on the R·b rows: a per-token constant weight (the ratio of run r's aggregation
-    weight to that of the merged batch, times `is_weight`) makes the merged loss equal the sum
-    of the per-run losses for every aggregation mode. A method whose loss takes no `is_weight`
-    (a hand-written object) is called run by run.
+    One call on the R·b rows. Within run r, its own aggregation weight is the merged batch's
+    times a constant: N / N_r, with N the tokens (token-mean) or the non-empty responses (the
+    seq-mean modes) of all runs and N_r those of run r. Passing that constant (times
+    `is_weight`) as the loss's per-token weight makes the merged loss equal the sum of the
+    per-run losses, for every aggregation mode (tested). A method whose loss takes no
+    `is_weight` (a hand-written object) is called run by run.
     """
     R = logp.shape[0]
-    flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
-    per_run = torch.stack([nx.aggregation_weight(mk, agg) for mk in mask])
-    merged = nx.aggregation_weight(flat(mask), agg).view_as(per_run)
-    w = torch.where(merged > 0, per_run / merged.clamp(min=1e-300), 0.0).to(logp.dtype)
+    if "is_weight" not in inspect.signature(m.loss).parameters:
+        if is_weight is not None:
+            raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
+        return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
+    if agg == "token-mean":
+        count = mask.sum((1, 2))
+    else:
+        count = (mask.sum(-1) > 0).sum(-1)
+    w = (count.sum() / count.clamp(min=1)).to(logp.dtype).view(R, 1, 1).expand_as(logp)
     if is_weight is not None:
         w = w * is_weight
-    if "is_weight" in inspect.signature(m.loss).parameters:
-        return m.loss(flat(logp), flat(logp_old), flat(adv), flat(mask), agg,
-                      is_weight=flat(w))
-    if is_weight is not None:
-        raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
-    return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
+    flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
+    return m.loss(flat(logp), flat(logp_old), flat(adv), flat(mask), agg, is_weight=flat(w))
 
 
 def _clip_grad_norm_per_run(params, max_norm):
     """Each run's gradient norm over all parameters ([R]); scale a run's gradients to
     `max_norm` when its norm is larger (torch.nn.utils.clip_grad_norm_, run by run)."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+    norm = torch.cat([g.flatten(1) for g in grads], 1).norm(dim=1)
     if max_norm:
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for g in grads:
