@@ -12,6 +12,7 @@ LabResult) and `report` (summaries over seeds, paired differences, verdicts and 
 policy is rlgates.LabPolicy. (`lab.train` is the function; its module is `lab.train_module`.)
 """
 
+from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
 from . import report, task
 from . import train as train_module
@@ -21,7 +22,6 @@ from .report import (
     method_color,
     paired_difference,
     paired_table,
-    plot_runs,
     summary,
     summary_table,
     verdict,
@@ -43,6 +43,6 @@ from .train import (
 __all__ = [
     "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy", "LabResult", "PatternTask",
     "curves", "default_agg", "interval", "method_color", "method_name", "paired_difference",
-    "paired_table", "plot_runs", "resolve", "run_many", "summary", "summary_table",
-    "summed_loss", "train", "verdict", "report", "task", "train_module",
+    "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "run_many", "summary",
+    "summary_table", "summed_loss", "train", "verdict", "report", "task", "train_module",
 ]

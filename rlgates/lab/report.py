@@ -116,30 +116,5 @@ def method_color(label, fallback="C0"):
     return getattr(cls, "color", None) or fallback
 
 
-def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
-    """Mean over seeds against steps, with its 95 % interval as a band."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
-    for i, (name, results) in enumerate(runs.items()):
-        c = curves(results, key)
-        if smooth > 1:
-            kernel = torch.ones(1, 1, smooth, dtype=c.dtype) / smooth
-            padded = torch.cat([c[:, :1].expand(-1, smooth - 1), c], 1)
-            c = torch.nn.functional.conv1d(padded[:, None], kernel)[:, 0]
-        steps = results[0].metrics["step"][: c.shape[1]]
-        mean = c.mean(0)
-        half = t975(c.shape[0] - 1) * c.std(0) / math.sqrt(c.shape[0]) if len(c) > 1 else 0 * mean
-        color = (colors or {}).get(name) or method_color(name, f"C{i}")
-        ax.plot(steps, mean.numpy(), color=color, lw=1.8, label=name if label else None)
-        ax.fill_between(steps, (mean - half).numpy(), (mean + half).numpy(), color=color,
-                        alpha=0.18, lw=0)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(key)
-    return ax
-
-
 __all__ = ["curves", "finals", "interval", "method_color", "paired_difference", "paired_table",
-           "plot_runs",
            "summary", "summary_table", "t975", "verdict"]
