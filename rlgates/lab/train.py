@@ -304,12 +304,13 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
             rewards = right.float().mean(-1)  # [R, B]
             adv = group_advantages(rewards.view(-1, cfg.group), cfg.normalize_std)
             adv = adv.view_as(rewards).to(logp_behav.dtype)
-            if cfg.anchor == "proximal" or cfg.recompute_old:  # π_prox at the step start
+            logp_old = logp_behav  # the ratio's anchor: behaviour, or π_prox recomputed
+            if cfg.anchor == "proximal" or cfg.recompute_old:
                 logp_old = policy.log_probs(tokens, prompts)
+            is_w = torch.ones_like(logp_behav)  # decoupled PPO's min(π_prox/π_behav, C)
+            if cfg.anchor == "proximal":
                 is_w = (logp_old - logp_behav).exp()
                 is_w = is_w.clamp(max=cfg.is_cap) if cfg.is_cap else is_w
-            else:
-                logp_old, is_w = logp_behav, torch.ones_like(logp_behav)
         if hook is not None:
             one = (lambda x: x[0]) if R == 1 else (lambda x: x)
             hook("rollout", {"step": step, "version": version, "prompts": one(prompts),
