@@ -12,24 +12,24 @@ sides; sapo, a smooth gate with no exact zero) the same formula still says how m
 no gradient. ρ is the ratio the gate sees: the token's own, or the sequence's ρ_s at sequence
 level (GSPO), as TRL computes it with `importance_sampling_level="sequence"`.
 
-Which trainer logs which number (names as logged; verl prefixes them with `actor/`):
+Which trainer logs which number (verl prefixes its names with ``actor/``):
 
-| key | meaning | verl | TRL (GRPOTrainer) |
-| --- | --- | --- | --- |
-| `clip_ratio/low_mean` | share of tokens with A < 0, ρ < 1, gate 0 | — | same name |
-| `clip_ratio/high_mean` | share of tokens with A > 0, ρ > 1, gate 0 | — | same name |
-| `clip_ratio/region_mean` | the sum of the two above | — | same name |
-| `pg_clipfrac` | the same number as `clip_ratio/region_mean` | `actor/pg_clipfrac` | — |
-| `pg_clipfrac_lower` | share with A < 0, ρ > 1, gate 0 (dual clip) | `…_lower` | — |
-| `ppo_kl` | mean of log π_old − log π (the k1 estimate of KL(π_old ‖ π)) | `actor/ppo_kl` | — |
-| `entropy` | mean per-token entropy of π (nats) | `actor/entropy` | `entropy` |
-| `approx_kl` | mean of (ρ − 1) − log ρ (the k3 estimate, never negative) | — | — |
-| `clipfrac_pos` | share of the A > 0 tokens that are shut | — | — |
-| `clipfrac_neg` | share of the A < 0 tokens that are shut | — | — |
-| `log_ratio_absmax` | largest token \\|log ρ\\| | — | — |
-| `gate_mean` | mean gate over tokens with A ≠ 0 | — | — |
-| `signal_lost` | share of the aggregated \\|ρ·A\\| on shut tokens | — | — |
-| `frac_reward_zero_std` | share of groups with all rewards equal (`group_stats`) | — | same |
+- ``clip_ratio/low_mean`` (TRL's name): share of tokens with A < 0, ρ < 1 and gate 0.
+- ``clip_ratio/high_mean`` (TRL's name): share of tokens with A > 0, ρ > 1 and gate 0.
+- ``clip_ratio/region_mean`` (TRL's name): the sum of the two.
+- ``pg_clipfrac`` (verl's ``actor/pg_clipfrac``): the same number as ``clip_ratio/region_mean``.
+- ``pg_clipfrac_lower`` (verl's ``actor/pg_clipfrac_lower``): share of tokens with A < 0,
+  ρ > 1 and gate 0, the region dual clip shuts.
+- ``ppo_kl`` (verl's ``actor/ppo_kl``): mean of log π_old − log π, the k1 estimate of
+  KL(π_old ‖ π).
+- ``entropy`` (verl's ``actor/entropy``, TRL's ``entropy``): mean per-token entropy of π, nats.
+- ``approx_kl`` (CleanRL's ``losses/approx_kl``): mean of (ρ − 1) − log ρ, the k3 estimate,
+  never negative.
+- ours: ``clipfrac_pos`` and ``clipfrac_neg`` (share of the A > 0, resp. A < 0, tokens that are
+  shut), ``log_ratio_absmax`` (largest token abs(log ρ)), ``gate_mean`` (mean gate over tokens
+  with A ≠ 0) and ``signal_lost`` (share of the aggregated abs(ρ·A) on shut tokens).
+- ``frac_reward_zero_std`` (TRL's name), from ``group_stats(rewards, group)``: share of the
+  groups whose rewards are all equal, split into ``solved_groups`` and ``stuck_groups``.
 
 All shares of tokens are over the valid (unmasked) tokens of the batch, as both trainers do
 (verl `masked_mean`, TRL `masked_batch_mean`). TRL's `kl` is a different number, the KL to a

@@ -42,8 +42,9 @@ def defaults_table() -> str:
     for name in names():
         m = get(name)
         hp = ", ".join(f"`{k}` = {v:g}" for k, v in m.hparams.items()) or "none"
+        source = m.agg_source.replace("|", "\\|")  # a literal | would split the cell
         rows.append(f"| `{name}` ({m.title}; {m.paper}) | {hp} | {m.level} | `{m.agg}` | "
-                    f"{m.agg_source} |")
+                    f"{source} |")
     return "\n".join(rows)
 
 

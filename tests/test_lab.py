@@ -259,3 +259,27 @@ def test_lab_policy_sampling_matches_its_log_probs_and_runs_are_independent():
     # run 0's loss moves run 0's weights only
     policy.log_probs(tokens, prompts)[0].sum().backward()
     assert policy.w_head.grad[1].abs().max() == 0 and policy.w_head.grad[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("family", ["gru", "lab"])
+def test_lagged_log_ratios_on_both_policy_families(family):
+    out = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4, group=4,
+                                    length=6, lr=1e-2, family=family)
+    assert out[0][0].shape == (16, 6) and out[0][1].shape == (16,)
+    assert out[0][0].abs().max() < 1e-6  # lag 0: the rollout policy is the live one
+    spread = [out[k][0].std().item() for k in (0, 2, 6)]
+    assert spread[0] < spread[1] < spread[2]
+    with pytest.raises(ValueError, match="family"):
+        rlgates.lagged_log_ratios(lags=(0,), family="mlp")
+
+
+def test_a_single_run_takes_unbatched_tensors():
+    cfg = lab.LabConfig.for_device("cpu")
+    one, two = cfg.policy([3]), cfg.policy([3, 4])
+    prompts = cfg.task().prompts(5, torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, cfg.vocab, (5, cfg.length))
+    flat = one.log_probs(tokens, prompts)
+    assert flat.shape == (5, cfg.length)
+    assert torch.equal(flat, one.log_probs(tokens[None], prompts[None])[0])
+    with pytest.raises(ValueError, match="single run"):
+        two.log_probs(tokens, prompts)

@@ -119,3 +119,16 @@ def test_gspo_sliders_keep_its_tiny_defaults():
     box = rlgates.explore("gspo")
     assert box.sliders["eps_low"].value == 3e-4 and box.sliders["eps_high"].value == 4e-4
     assert box.sliders["eps_high"].step <= 1e-5
+
+
+def test_conventions_tables_have_one_cell_per_column():
+    import re
+
+    for md in (rlgates.defaults_table(), rlgates.aggregation_table()):
+        lines = md.splitlines()
+        cells = {len(re.findall(r"(?<!\\)\|", line)) for line in lines}
+        assert len(cells) == 1, md  # an unescaped | in a cell would add a column
+    for name in METHODS:
+        assert f"`{name}`" in rlgates.defaults_table()
+    for mode in rlgates.AGG_MODES:
+        assert f"`{mode}`" in rlgates.aggregation_table()

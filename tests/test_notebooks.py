@@ -1,0 +1,134 @@
+"""Static checks of the chapter notebooks (no kernel): code a reader copies from the page runs.
+
+A visible code cell (any cell not tagged remove-cell or remove-input) must not use a name that
+only a hidden cell defines: on the web page the reader never sees that definition, so copied
+code fails with a NameError. Notebooks are also stored without outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+HIDDEN = {"remove-cell", "remove-input"}
+#: Names IPython provides in every kernel.
+KERNEL = {"display", "get_ipython", "In", "Out", "exit", "quit"}
+
+
+def _code(cell) -> str:
+    lines = "".join(cell["source"]).splitlines()
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+
+
+class _Names(ast.NodeVisitor):
+    """Names a cell binds at its top level (and anywhere, for simplicity) and names it loads."""
+
+    def __init__(self):
+        self.bound, self.used = set(), set()
+
+    def visit_Name(self, node):
+        (self.used if isinstance(node.ctx, ast.Load) else self.bound).add(node.id)
+
+    def visit_FunctionDef(self, node):
+        self.bound.add(node.name)
+        inner = _Names()
+        for arg in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs,
+                    *filter(None, [node.args.vararg, node.args.kwarg])]:
+            inner.bound.add(arg.arg)
+        for child in [*node.body, *node.args.defaults, *node.args.kw_defaults]:
+            if child is not None:
+                inner.visit(child)
+        self.used |= inner.used - inner.bound  # free names of the function body
+        for deco in node.decorator_list:
+            self.visit(deco)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        inner = _Names()
+        for arg in [*node.args.args, *node.args.kwonlyargs]:
+            inner.bound.add(arg.arg)
+        inner.visit(node.body)
+        for d in node.args.defaults:
+            self.visit(d)
+        self.used |= inner.used - inner.bound
+
+    def visit_ClassDef(self, node):
+        self.bound.add(node.name)
+        self.generic_visit(node)
+
+    def _comprehension(self, node):
+        inner = _Names()
+        for gen in node.generators:
+            inner.visit(gen.target)
+            self.visit(gen.iter) if gen is node.generators[0] else inner.visit(gen.iter)
+            for cond in gen.ifs:
+                inner.visit(cond)
+        for part in ("elt", "key", "value"):
+            if hasattr(node, part):
+                inner.visit(getattr(node, part))
+        self.used |= inner.used - inner.bound
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self.bound.add((alias.asname or alias.name).split(".")[0])
+
+    visit_ImportFrom = visit_Import
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+
+def hidden_dependencies(nb_path: Path) -> list[str]:
+    """Visible cells' uses of names that only hidden cells (so far) have defined."""
+    cells = json.loads(nb_path.read_text())["cells"]
+    visible_defs, hidden_defs, problems = set(), set(), []
+    known = set(dir(builtins)) | KERNEL
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        names = _Names()
+        names.visit(ast.parse(_code(cell)))
+        hidden = bool(HIDDEN & set(cell.get("metadata", {}).get("tags", [])))
+        if not hidden:
+            leaked = (names.used - names.bound - visible_defs - known) & hidden_defs
+            problems += [f"{nb_path.name} cell {i}: uses {n!r}, defined only in a hidden cell"
+                         for n in sorted(leaked)]
+            visible_defs |= names.bound
+        else:
+            hidden_defs |= names.bound - visible_defs
+    return problems
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_visible_code_uses_no_name_from_a_hidden_cell(nb_path):
+    assert hidden_dependencies(nb_path) == []
+
+
+def test_the_check_finds_a_hidden_dependency(tmp_path):
+    cells = [{"cell_type": "code", "metadata": {"tags": ["remove-cell"]}, "source": ["x = 1\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["def f(a):\n    return a + x\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["y = [x for _ in range(2)]"]},
+             {"cell_type": "code", "metadata": {"tags": ["hide-input"]}, "source": ["z = 2"]},
+             {"cell_type": "code", "metadata": {}, "source": ["print(z, f(1), y)"]}]
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": cells}))
+    assert hidden_dependencies(nb) == ["nb.ipynb cell 1: uses 'x', defined only in a hidden cell",
+                                       "nb.ipynb cell 2: uses 'x', defined only in a hidden cell"]
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(nb_path):
+    for cell in json.loads(nb_path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
