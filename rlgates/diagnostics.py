@@ -28,6 +28,8 @@ Which trainer logs which number (verl prefixes its names with ``actor/``):
 - ours: ``clipfrac_pos`` and ``clipfrac_neg`` (share of the A > 0, resp. A < 0, tokens that are
   shut), ``log_ratio_absmax`` (largest token abs(log ρ)), ``gate_mean`` (mean gate over tokens
   with A ≠ 0) and ``signal_lost`` (share of the aggregated abs(ρ·A) on shut tokens).
+- ``frac_reward_zero_std`` (TRL's name), from ``group_stats(rewards, group)``: share of the
+  groups whose rewards are all equal, split into ``solved_groups`` and ``stuck_groups``.
 
 All shares of tokens are over the valid (unmasked) tokens of the batch, as both trainers do
 (verl `masked_mean`, TRL `masked_batch_mean`). TRL's `kl` is a different number, the KL to a
@@ -155,11 +157,32 @@ def step_stats(method, logp, logp_old, adv, mask=None, entropy=None, agg=None) -
     return {k: stats[k] for k in KEYS}
 
 
+@torch.no_grad()
+def group_stats(rewards, group: int, top: float = 1.0) -> dict:
+    """Shares of the rollout's groups whose rewards are all equal (every A is then 0).
+
+    rewards: [..., B], B = prompts × `group`, each prompt's `group` responses side by side (as
+    `rlgates.group_advantages` takes them). Returns {key: tensor [...]}:
+    - `frac_reward_zero_std`: share of groups with zero reward spread (TRL's name; its
+      `torch.isclose(std, 0)` test);
+    - `solved_groups`: share of groups where every response earned `top`;
+    - `stuck_groups`: share of groups with zero spread below `top` (all equally wrong).
+    """
+    r = rewards.reshape(*rewards.shape[:-1], -1, group)
+    std = r.std(-1) if group > 1 else torch.zeros_like(r[..., 0])
+    flat = torch.isclose(std, torch.zeros_like(std))
+    solved = flat & (r.min(-1).values >= top)
+    return {"frac_reward_zero_std": flat.float().mean(-1),
+            "solved_groups": solved.float().mean(-1),
+            "stuck_groups": (flat & ~solved).float().mean(-1)}
+
+
 def as_floats(stats: dict) -> dict:
     """{key: float} from `step_stats` without a leading dimension."""
     return {k: float(v) for k, v in stats.items()}
 
 
 __all__ = [
-    "KEYS", "TRAINER_NAMES", "as_floats", "step_stats", "token_entropy", "token_gates",
+    "KEYS", "TRAINER_NAMES", "as_floats", "group_stats", "step_stats", "token_entropy",
+    "token_gates",
 ]

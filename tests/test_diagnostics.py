@@ -121,3 +121,25 @@ def test_leading_runs_dimension_is_per_run():
             for k in diagnostics.KEYS:
                 assert batched[k].shape == (3,)
                 assert torch.allclose(batched[k][r], one[k], atol=1e-12), (name, k)
+
+
+def test_group_stats_matches_trl_and_splits_solved_from_stuck():
+    # three groups of four: all right, all equally wrong, mixed; then one run more ([2, 12])
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.25, 0.25, 0.25, 0.25, 0.0, 0.5, 1.0, 0.5],
+                            [0.0, 0.0, 0.0, 0.0, 0.5, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0]])
+    s = diagnostics.group_stats(rewards, group=4)
+    # TRL GRPOTrainer: std per group, repeated over its responses, isclose(std, 0), mean
+    std = rewards.view(2, -1, 4).std(-1).repeat_interleave(4, -1)
+    trl = torch.isclose(std, torch.zeros_like(std)).float().mean(-1)
+    torch.testing.assert_close(s["frac_reward_zero_std"], trl)
+    torch.testing.assert_close(s["frac_reward_zero_std"], torch.tensor([2 / 3, 2 / 3]))
+    torch.testing.assert_close(s["solved_groups"], torch.tensor([1 / 3, 1 / 3]))
+    torch.testing.assert_close(s["stuck_groups"], torch.tensor([1 / 3, 1 / 3]))
+    # with these advantages, zero spread is exactly a group whose every A is 0
+    adv = rlgates.group_advantages(rewards.view(-1, 4)).view(2, -1, 4)
+    dead = (adv == 0).all(-1).float().mean(-1)
+    torch.testing.assert_close(dead, s["frac_reward_zero_std"])
+    # a lower bar for "solved" moves groups from stuck to solved, never the total
+    t = diagnostics.group_stats(rewards, group=4, top=0.25)
+    torch.testing.assert_close(t["solved_groups"] + t["stuck_groups"], trl)
+    assert float(t["stuck_groups"][0]) == 0.0
