@@ -1,13 +1,18 @@
-"""Throughput of the training lab (rlgates.lab): sampling and updates, in tokens per second.
+"""Throughput of the training lab (rlgates.lab): seeds batched into one computation vs a loop.
 
-    python benchmarks/lab_throughput.py          # prints it for the CPU, and for CUDA if present
+    python benchmarks/lab_throughput.py               # cpu (and cuda when present), 10 seeds
+    python benchmarks/lab_throughput.py --seeds 10 --steps 40 --method dapo
 
-`lab_throughput(device)` uses the lab's own configuration for that device
-(`LabConfig.for_device`), so the numbers describe what chapters 10 and 11 run.
+`lab_throughput(device)` trains the same seeds twice with the lab's configuration for that
+device (`LabConfig.for_device`), in this one process: once as ten single-seed calls (the loop)
+and once as one call with all ten seeds (batched), and reports runs·steps per second of each.
+Best of `repeats` timings; a warm-up call first, so that the one-off cost of building
+torch.optim.Adam (it imports torch._dynamo) counts for neither.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -20,74 +25,55 @@ def _sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def lab_throughput(device="cpu", repeats: int = 5, method: str = "dapo") -> dict:
-    """Tokens per second for rollouts (sampling) and for updates (forward, loss, backward, Adam),
-    plus whole training steps, with the lab's configuration for `device`."""
+def lab_throughput(device="cpu", seeds: int = 10, steps: int = 40, repeats: int = 3,
+                   method: str = "dapo") -> dict:
+    """Runs·steps per second, loop vs batched, and their ratio."""
     dev = torch.device(device)
-    cfg = lab.LabConfig.for_device(dev)
-    threads = torch.get_num_threads()
-    if cfg.threads and dev.type == "cpu":
-        torch.set_num_threads(cfg.threads)
-    try:
-        torch.manual_seed(0)
-        policy = cfg.policy().to(dev)
-        task = cfg.task()
-        g = torch.Generator(device=dev).manual_seed(0)
-        prompts = task.prompts(cfg.prompts, g, dev).repeat_interleave(cfg.group, 0)
-        m = lab.resolve(method)
-        opt = lab._Adam(policy.parameters(), lr=cfg.lr)
-        tokens, logp_old = policy.sample(cfg.batch, cfg.length, prompt=prompts, generator=g)
-        adv = torch.randn(cfg.batch, device=dev)
-        mask = task.mask(tokens)
+    cfg = lab.LabConfig.for_device(dev, steps=steps)
+    seed_list = list(range(seeds))
+    lab.train(method, cfg, seeds=seed_list[:2], steps=2, progress=False)  # warm-up
 
-        def rollout():
-            policy.sample(cfg.batch, cfg.length, prompt=prompts, generator=g)
+    def loop():
+        for s in seed_list:
+            lab.train(method, cfg, seeds=[s], progress=False)
 
-        def update():
-            loss = m.loss(policy.log_probs(tokens, prompts), logp_old, adv, mask, "token-mean")
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    def batched():
+        lab.train(method, cfg, seeds=seed_list, progress=False)
 
-        def best_of(fn):
-            fn()  # warm-up
-            times = []
-            for _ in range(repeats):
-                _sync(dev)
-                t0 = time.perf_counter()
-                fn()
-                _sync(dev)
-                times.append(time.perf_counter() - t0)
-            return min(times)
+    def best_of(fn):
+        times = []
+        for _ in range(repeats):
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+        return min(times)
 
-        n_tokens = cfg.batch * cfg.length
-        t_roll, t_upd = best_of(rollout), best_of(update)
-        steps = 3
-        t0 = time.perf_counter()
-        lab.train(method, cfg, seed=0, steps=steps, progress=False)
-        _sync(dev)
-        t_train = (time.perf_counter() - t0) / steps
-    finally:
-        torch.set_num_threads(threads)
+    t_loop, t_batch = best_of(loop), best_of(batched)
+    work = seeds * steps
     return {
-        "device": str(dev),
-        "batch_tokens": n_tokens,
-        "rollout_tokens_per_s": n_tokens / t_roll,
-        "update_tokens_per_s": n_tokens / t_upd,
-        "train_step_s": t_train,
+        "device": str(dev), "method": method, "seeds": seeds, "steps": steps,
         "updates_per_step": cfg.minibatches * cfg.epochs,
+        "loop_runs_steps_per_s": work / t_loop,
+        "batched_runs_steps_per_s": work / t_batch,
+        "speedup": t_loop / t_batch,
     }
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--method", default="dapo")
+    args = ap.parse_args()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for d in devices:
-        r = lab_throughput(d)
-        print(f"lab throughput on {r['device']}: "
-              f"rollout {r['rollout_tokens_per_s']:,.0f} tokens/s, "
-              f"update {r['update_tokens_per_s']:,.0f} tokens/s "
-              f"({r['batch_tokens']} tokens a batch; one training step with "
-              f"{r['updates_per_step']} updates: {r['train_step_s'] * 1e3:.0f} ms)")
+        r = lab_throughput(d, args.seeds, args.steps, method=args.method)
+        print(f"lab on {r['device']} ({r['method']}, {r['seeds']} seeds x {r['steps']} steps, "
+              f"{r['updates_per_step']} updates a step): loop "
+              f"{r['loop_runs_steps_per_s']:,.0f} runs·steps/s, batched "
+              f"{r['batched_runs_steps_per_s']:,.0f} runs·steps/s: {r['speedup']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ the token's probability) is red, discourage is blue, zero gradient is white or g
     plane(method)                                   gate and signal on an (A, log ρ) grid
     sign_legend(ax), scatter_tokens(ax, adv, log_ratio, method)
     GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
+    plot_runs(runs, key), plot_shut_by_sign(runs)   lab curves over seeds (rlgates.lab)
 """
 
 from __future__ import annotations
@@ -348,3 +349,42 @@ def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801
             ax.axvline(0, color="0.4", lw=0.6)
     axes[0][0].legend(fontsize=8, loc="upper left")
     return axes[0][0].figure
+
+
+def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
+    """Lab runs {label: [LabResult per seed]}: the mean of `key` over seeds against the training
+    step, with its 95 % interval as a band. A registered method's label gets its colour."""
+    import matplotlib.pyplot as plt
+
+    from .lab.report import curves, method_color, t975
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    for i, (name, results) in enumerate(runs.items()):
+        c = curves(results, key)
+        if smooth > 1:
+            kernel = torch.ones(1, 1, smooth, dtype=c.dtype) / smooth
+            padded = torch.cat([c[:, :1].expand(-1, smooth - 1), c], 1)
+            c = torch.nn.functional.conv1d(padded[:, None], kernel)[:, 0]
+        steps = results[0].metrics["step"][: c.shape[1]]
+        mean, n = c.mean(0), c.shape[0]
+        half = t975(n - 1) * c.std(0) / math.sqrt(n) if n > 1 else 0 * mean
+        color = (colors or {}).get(name) or method_color(name, f"C{i}")
+        ax.plot(steps, mean.numpy(), color=color, lw=1.8, label=name if label else None)
+        ax.fill_between(steps, (mean - half).numpy(), (mean + half).numpy(), color=color,
+                        alpha=0.18, lw=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(key)
+    return ax
+
+
+def plot_shut_by_sign(results, ax=None, title=None):
+    """One method's lab runs [LabResult per seed]: the share of tokens whose gate is shut, for
+    A > 0 (red, `clipfrac_pos`) and A < 0 (blue, `clipfrac_neg`), mean and 95 % band."""
+    ax = plot_runs({"$A_t > 0$": results}, "clipfrac_pos", ax=ax,
+                   colors={"$A_t > 0$": ENCOURAGE})
+    plot_runs({"$A_t < 0$": results}, "clipfrac_neg", ax=ax, colors={"$A_t < 0$": DISCOURAGE})
+    ax.set_ylabel("share of tokens shut")
+    if title:
+        ax.set_title(title)
+    return ax

@@ -131,17 +131,26 @@ def policy_step(policy, optimizer, method, tokens, logp_old, adv, mask=None, agg
 
 
 def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, group=8, length=16,
-                      lr=3e-3, seed=0, device=None):
+                      lr=3e-3, seed=0, device=None, family="gru"):
     """How far the live policy drifts from a rollout policy that lags k updates behind.
 
-    Trains a TinyPolicy for max(lags) steps on `tail_reward` (plain policy gradient, no clip, so the
+    Trains a policy for max(lags) steps on `tail_reward` (plain policy gradient, no clip, so the
     drift is the optimiser's alone), keeping a snapshot after every step. Then, for each lag k, it
     samples responses from the snapshot k steps old and returns log ρ = log π_now − log π_rollout
     with the advantages: {k: (log_ratio [N, T], adv [N])}.
+
+    family: "gru" (TinyPolicy, what chapters 1 and 6 were written with) or "lab" (LabPolicy,
+    the lab's policy of chapters 11-13; every prompt is its start marker). At the same
+    learning rate the lab's policy drifts about three times as far in eight updates.
     """
+    dev = torch.device(device or "cpu")
+    g = torch.Generator(device=dev).manual_seed(seed)
+    if family == "lab":
+        return _lagged_lab(lags, vocab, hidden, prompts, group, length, lr, seed, dev, g)
+    if family != "gru":
+        raise ValueError(f"family must be 'gru' or 'lab', got {family!r}")
     torch.manual_seed(seed)
-    g = torch.Generator(device=device or "cpu").manual_seed(seed)
-    policy = TinyPolicy(vocab, hidden).to(device or "cpu")
+    policy = TinyPolicy(vocab, hidden).to(dev)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     snapshots = [policy.snapshot()]
     for _ in range(max(lags)):
@@ -159,3 +168,155 @@ def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, grou
         with torch.no_grad():
             out[k] = (policy.log_probs(tokens) - logp_rollout, adv)
     return out
+
+
+def _lagged_lab(lags, vocab, hidden, prompts, group, length, lr, seed, dev, g):
+    """lagged_log_ratios on one LabPolicy run."""
+    from .advantages import group_advantages
+
+    policy = LabPolicy([seed], vocab, hidden, length, motif=1).to(dev)
+    prompt = torch.full((1, prompts * group, 1), policy.bos, dtype=torch.long, device=dev)
+
+    def batch(pol):
+        tokens, logp = pol.sample(prompt, length, [g])
+        rewards = tail_reward(tokens[0], vocab).view(prompts, group)
+        return tokens, logp, group_advantages(rewards).flatten()
+
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    snapshots = [policy.state()]
+    for _ in range(max(lags)):
+        tokens, _, adv = batch(policy)
+        logp = policy.log_probs(tokens, prompt)[0]
+        loss = -(logp * adv[:, None]).mean()  # the ungated policy gradient
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        snapshots.append(policy.state())
+    rollout = LabPolicy([seed], vocab, hidden, length, motif=1).to(dev).requires_grad_(False)
+    out = {}
+    for k in lags:
+        rollout.load_state_dict(snapshots[-1 - k])
+        tokens, logp_rollout, adv = batch(rollout)
+        with torch.no_grad():
+            out[k] = ((policy.log_probs(tokens, prompt) - logp_rollout)[0], adv)
+    return out
+
+
+class LabPolicy(nn.Module):
+    """R independent copies of a tiny autoregressive policy, trained as one computation.
+
+    Every parameter has a leading runs dimension R: run r is its own policy (its own seed, its
+    own Adam state), and a loss summed over runs gives each run its own gradient. Position t of a
+    response sees: a projection of the prompt's token embeddings, a position embedding, the
+    embedding of the previous token (a start marker at t = 0) and the mean of a second embedding
+    over the earlier response tokens; a two-layer tanh MLP and a linear head give next-token
+    logits. As in TinyPolicy, the head's bias starts as a Zipf law (p_k ∝ 1/(k+1)). There is no
+    recurrence, so a CPU trains ten runs of it in milliseconds. Used by the lab (chapters 11-13)
+    and by `lagged_log_ratios` (chapters 1 and 6).
+
+    Shapes: prompt [R, B, motif], response [R, B, T] → logits [R, B, T, vocab].
+    """
+
+    def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0):
+        super().__init__()
+        self.vocab, self.length, self.motif = vocab, length, motif
+        self.seeds = list(seeds)
+        runs = [self._one_run(s, vocab, hidden, length, motif, zipf) for s in self.seeds]
+        for name in runs[0]:
+            setattr(self, name, nn.Parameter(torch.stack([r[name] for r in runs])))
+
+    @staticmethod
+    def _one_run(seed, vocab, hidden, length, motif, zipf):
+        """One run's initial weights, from torch's default initialisers under `seed`."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            tok, ctx = nn.Embedding(vocab + 1, hidden), nn.Embedding(vocab, hidden)
+            pos = nn.Embedding(length, hidden)
+            proj, body = nn.Linear(motif * hidden, hidden), nn.Linear(hidden, hidden)
+            head = zipf_head(hidden, vocab, zipf)
+        return {"tok": tok.weight, "ctx": ctx.weight, "pos": pos.weight,
+                "w_prompt": proj.weight.T, "b_prompt": proj.bias,
+                "w_body": body.weight.T, "b_body": body.bias,
+                "w_head": head.weight.T, "b_head": head.bias}
+
+    @property
+    def bos(self):
+        return self.vocab
+
+    @property
+    def runs(self):
+        return len(self.seeds)
+
+    def _embed(self, table, idx):
+        """table [R, N, H], idx [R, ...] → [R, ..., H]: each run looks up its own table."""
+        R, N, H = table.shape
+        offset = torch.arange(R, device=idx.device).view(R, *[1] * (idx.dim() - 1)) * N
+        return nn.functional.embedding(idx + offset, table.reshape(R * N, H))
+
+    def _linear(self, x, w, b):
+        """x [R, ..., I] @ w [R, I, O] + b [R, O], run by run."""
+        shape = x.shape
+        y = torch.baddbmm(b[:, None], x.reshape(shape[0], -1, shape[-1]), w)
+        return y.reshape(*shape[:-1], w.shape[-1])
+
+    def _prompt(self, prompt):
+        return self._linear(self._embed(self.tok, prompt).flatten(-2), self.w_prompt,
+                            self.b_prompt)
+
+    def _head(self, x):
+        h = torch.tanh(self._linear(torch.tanh(x), self.w_body, self.b_body))
+        return self._linear(h, self.w_head, self.b_head)
+
+    def logits(self, prompt, response):
+        """Next-token logits for each response position: [R, B, T, vocab]. A single run also
+        takes prompt [B, motif] and response [B, T] and returns [B, T, vocab]."""
+        if response.dim() == 2:
+            if self.runs != 1:
+                raise ValueError(f"[B, T] inputs need a single run, this policy has {self.runs}")
+            return self.logits(prompt[None], response[None])[0]
+        R, B, T = response.shape
+        start = response.new_full((R, B, 1), self.bos)
+        prev = torch.cat([start, response[..., :-1]], -1)
+        ctx = self._embed(self.ctx, response[..., :-1]).cumsum(-2)
+        ctx = ctx / torch.arange(1, T, device=ctx.device, dtype=ctx.dtype)[:, None]
+        ctx = torch.cat([ctx.new_zeros(R, B, 1, ctx.shape[-1]), ctx], -2)
+        x = (self._prompt(prompt)[:, :, None] + self.pos[:, None, :T]
+             + self._embed(self.tok, prev) + ctx)
+        return self._head(x)
+
+    def log_probs(self, response, prompt):
+        """log π(y_t | prompt, y_<t) for every response token: [R, B, T] (or [B, T], as
+        `logits`)."""
+        logp = torch.log_softmax(self.logits(prompt, response), dim=-1)
+        return logp.gather(-1, response[..., None]).squeeze(-1)
+
+    @torch.no_grad()
+    def sample(self, prompt, length, generators):
+        """Sample one response per prompt row, run r drawing from generators[r].
+
+        prompt [R, B, motif] → (tokens [R, B, length], logp [R, B, length]). Each run draws its
+        uniforms from its own generator, so run r gets the same tokens whether it is sampled
+        alone or with other runs.
+        """
+        R, B = prompt.shape[:2]
+        u = torch.stack([torch.rand(B, length, generator=g, device=g.device)
+                         for g in generators]).to(self.b_head.dtype)
+        p = self._prompt(prompt)
+        prev = prompt.new_full((R, B), self.bos)
+        ctx_sum = torch.zeros_like(p)
+        tokens, logps = [], []
+        for t in range(length):
+            ctx = ctx_sum / t if t > 0 else ctx_sum
+            x = p + self.pos[:, None, t] + self._embed(self.tok, prev) + ctx
+            logp = torch.log_softmax(self._head(x), dim=-1)
+            cdf = logp.exp().cumsum(-1)
+            tok = (cdf < u[..., t, None]).sum(-1).clamp(max=self.vocab - 1)
+            tokens.append(tok)
+            logps.append(logp.gather(-1, tok[..., None])[..., 0])
+            prev = tok
+            ctx_sum = ctx_sum + self._embed(self.ctx, tok)
+        return torch.stack(tokens, -1), torch.stack(logps, -1)
+
+    def state(self):
+        """A detached copy of the weights (for lagged rollout policies)."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items()}

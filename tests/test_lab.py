@@ -1,6 +1,6 @@
-"""The training lab: reproducible, truly lagged, finite metrics, any method, a correct reward."""
+"""The training lab: batched runs equal single runs, truly lagged, finite metrics, any method,
+decoupled PPO, a correct reward, honest reporting."""
 
-import copy
 import math
 
 import pytest
@@ -13,13 +13,11 @@ TINY = lab.LabConfig.for_device("cpu", prompts=4, group=4, length=6, steps=3)
 
 
 def test_same_seed_same_metrics():
-    a = lab.train("dapo", TINY, seed=3, progress=False)
-    b = lab.train("dapo", TINY, seed=3, progress=False)
-    c = lab.train("dapo", TINY, seed=4, progress=False)
-    for key in lab.METRIC_KEYS:
-        if key != "seconds":
-            assert a.metrics[key] == b.metrics[key], key
-    assert a.metrics["loss"] != c.metrics["loss"]
+    a = lab.train("dapo", TINY, seeds=[3], progress=False)[0]
+    b = lab.train("dapo", TINY, seeds=[3], progress=False)[0]
+    c = lab.train("dapo", TINY, seeds=[4], progress=False)[0]
+    assert a.metrics == b.metrics
+    assert a.metrics["reward"] != c.metrics["reward"] or a.metrics["entropy"] != c.metrics["entropy"]
 
 
 def test_train_leaves_global_rng_and_threads_alone():
@@ -27,72 +25,139 @@ def test_train_leaves_global_rng_and_threads_alone():
     expected = torch.rand(3)
     threads = torch.get_num_threads()
     torch.manual_seed(123)
-    lab.train("ppo", TINY, seed=0, steps=2, progress=False)
+    lab.train("ppo", TINY, seeds=[0], steps=2, progress=False)
     assert torch.equal(torch.rand(3), expected)
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.parametrize(("name", "lag", "anchor"), [
+    ("ppo", 0, "behaviour"), ("gspo", 2, "behaviour"), ("sapo", 0, "behaviour"),
+    ("dual_clip", 3, "proximal"),
+])
+def test_run_r_of_the_batch_equals_run_r_alone(name, lag, anchor):
+    """Per-run seeds, Adam state and grad-norm clip: batching changes nothing but speed."""
+    cfg = TINY.replace(steps=6, dtype="float64", anchor=anchor, max_grad_norm=0.05)
+    seeds = [5, 0, 9]
+    batched = lab.train(name, cfg, seeds=seeds, lag=lag, progress=False)
+    for r, seed in enumerate(seeds):
+        alone = lab.train(name, cfg, seeds=[seed], lag=lag, progress=False)[0]
+        assert batched[r].seed == seed
+        for key in lab.METRIC_KEYS:
+            a, b = torch.tensor(batched[r].metrics[key]), torch.tensor(alone.metrics[key])
+            assert torch.allclose(a, b, atol=1e-9, rtol=1e-7, equal_nan=True), (key, r)
+    # the runs differ from each other, and the clip was active (norms above 0.05)
+    assert batched[0].metrics["reward"] != batched[1].metrics["reward"]
+    assert max(batched[0].metrics["grad_norm"]) > 0.05
+
+
+def test_per_run_grad_clip_and_summed_loss_per_run():
+    g = torch.Generator().manual_seed(0)
+    R, b, T = 3, 5, 4
+    logp = (-torch.rand(R, b, T, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(R, b, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(R, b, generator=g, dtype=torch.float64)
+    mask = torch.rand(R, b, T, generator=g) < 0.7
+    mask[:, :, 0] = True
+    isw = torch.rand(R, b, T, generator=g, dtype=torch.float64) + 0.5
+    for agg in rlgates.AGG_MODES:
+        m = rlgates.get("dapo")
+        total = lab.summed_loss(m, logp, old, adv, mask, agg)
+        expect = sum(m.loss(logp[r], old[r], adv[r], mask[r], agg) for r in range(R))
+        assert torch.allclose(total, expect, atol=1e-12), agg
+        (g1,) = torch.autograd.grad(total, logp)
+        (g2,) = torch.autograd.grad(expect, logp)
+        assert torch.allclose(g1, g2, atol=1e-12), agg
+
+    class Weighted:  # a loss with an is_weight keyword, as Method.loss has it
+        def loss(self, logp, logp_old, adv, mask, agg, is_weight=None):
+            obj = logp * adv[:, None] * (1 if is_weight is None else is_weight)
+            return -rlgates.aggregate(obj, mask, agg)
+
+    for agg in rlgates.AGG_MODES:
+        total = lab.summed_loss(Weighted(), logp, old, adv, mask, agg, is_weight=isw)
+        expect = sum(Weighted().loss(logp[r], old[r], adv[r], mask[r], agg, isw[r])
+                     for r in range(R))
+        assert torch.allclose(total, expect, atol=1e-12), agg
+    for name in ("ppo", "gspo", "cispo", "sapo"):  # the metric's one-pass per-run loss
+        m = rlgates.get(name)
+        for agg in rlgates.AGG_MODES:
+            for w in (None, isw):
+                got = lab.train_module.per_run_loss(m, logp, old, adv, mask, agg, w)
+                kw = [{} if w is None else {"is_weight": w[r]} for r in range(R)]
+                want = torch.stack([m.loss(logp[r], old[r], adv[r], mask[r], agg, **kw[r])
+                                    for r in range(R)])
+                assert torch.allclose(got, want.detach(), atol=1e-12), (name, agg)
+    p = torch.nn.Parameter(torch.zeros(2, 3))
+    p.grad = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
+    norm = lab.train_module._clip_grad_norm_per_run([p], 1.0)
+    assert torch.allclose(norm, torch.tensor([5.0, 0.5]))
+    assert torch.allclose(p.grad, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]), atol=1e-5)
+
+
 def test_lag_zero_gives_ratio_one_on_each_first_update():
     cfg = TINY.replace(minibatches=1, epochs=1, steps=4)
-    res = lab.train("ppo", cfg, seed=0, lag=0, progress=False)
+    res = lab.train("ppo", cfg, seeds=[0], lag=0, progress=False)[0]
     assert max(res.metrics["log_ratio_absmax"]) < 1e-5  # rollout policy = updated policy
     assert res.metrics["staleness"] == [0.0] * 4
-    lagged = lab.train("ppo", cfg, seed=0, lag=2, progress=False)
+    lagged = lab.train("ppo", cfg, seeds=[0], lag=2, progress=False)[0]
     assert lagged.metrics["staleness"] == [0.0, 1.0, 2.0, 2.0]
     assert lagged.metrics["log_ratio_absmax"][0] < 1e-5  # step 0: nothing to lag behind yet
     assert min(lagged.metrics["log_ratio_absmax"][1:]) > 1e-4
+    # decoupled PPO: ρ against the policy at the step start, so ρ = 1 again; the gap to the
+    # behaviour policy moves into the weight min(π_prox/π_behav, C)
+    prox = lab.train("ppo", cfg.replace(anchor="proximal", is_cap=1.5), seeds=[0], lag=2,
+                     progress=False)[0]
+    assert max(prox.metrics["log_ratio_absmax"]) < 1e-5
+    assert prox.metrics["is_weight_mean"][0] == pytest.approx(1.0)
+    assert all(v <= 1.5 for v in prox.metrics["is_weight_mean"])
+    assert any(abs(v - 1) > 1e-4 for v in prox.metrics["is_weight_mean"])
 
 
 @pytest.mark.parametrize("lag", [1, 3])
 def test_rollouts_come_from_the_policy_lag_updates_old(lag):
     """logp of each rollout equals the log-probs of the policy saved `lag` updates earlier."""
-    cfg = TINY.replace(steps=5)  # 2 minibatches x 2 epochs: 4 updates per step
-    versions = {}
+    cfg = TINY.replace(steps=5, minibatches=2, epochs=2)  # 4 updates per step
+    versions = {0: cfg.policy([7, 8]).state()}
     rollouts = []
 
     def hook(event, info):
         if event == "update":
-            versions[info["update"]] = copy.deepcopy(info["policy"].state_dict())
+            versions[info["update"]] = info["policy"].state()
         else:
             rollouts.append(info)
 
-    with torch.random.fork_rng():
-        torch.manual_seed(7)
-        init = cfg.policy()
-    versions[0] = copy.deepcopy(init.state_dict())
-    lab.train("sao", cfg, seed=7, lag=lag, progress=False, hook=hook)
-    updates_per_step = cfg.minibatches * cfg.epochs
+    lab.train("sao", cfg, seeds=[7, 8], lag=lag, progress=False, hook=hook)
     for info in rollouts:
-        expected = max(0, info["step"] * updates_per_step - lag)
+        expected = max(0, info["step"] * 4 - lag)
         assert info["version"] == expected
-        policy = cfg.policy()
+        policy = cfg.policy([7, 8])
         policy.load_state_dict(versions[expected])
         with torch.no_grad():
             logp = policy.log_probs(info["tokens"], info["prompts"])
-        assert (logp - info["logp_rollout"]).abs().max() < 1e-5
+        assert (logp - info["logp_behaviour"]).abs().max() < 1e-5
 
 
 def test_metrics_have_the_right_keys_and_finite_values():
-    res = lab.train("grpo", TINY, seed=0, lag=1, progress=False)
+    res = lab.train("grpo", TINY, seeds=[0], lag=1, progress=False)[0]
     assert tuple(res.metrics) == lab.METRIC_KEYS
     for key, values in res.metrics.items():
         assert len(values) == TINY.steps, key
         assert all(math.isfinite(v) for v in values), key
     m = res.metrics
-    for key in ("reward", "solved", "rare", "live", "gated", "gated_pos", "gated_neg", "gate_mean"):
+    for key in ("reward", "solved", "rare", "live", "clipfrac_pos", "clipfrac_neg",
+                "pg_clipfrac", "signal_lost", "gate_mean"):
         assert all(0 <= v <= 1 for v in m[key]), key
-    assert all(v >= 0 for v in m["entropy"] + m["kl"] + m["grad_norm"] + m["log_ratio_std"])
+    assert all(v >= 0 for v in m["entropy"] + m["grad_norm"] + m["log_ratio_absmax"])
     assert all(1 <= v <= TINY.length for v in m["length"])
     assert res.final("reward", last=2) == pytest.approx(sum(m["reward"][-2:]) / 2)
 
 
 @pytest.mark.parametrize("name", rlgates.names())
 def test_runs_with_every_registry_name(name):
-    res = lab.train(name, TINY, seed=0, steps=2, progress=False)
-    assert res.method == name
-    assert res.agg == lab.default_agg(name)
-    assert all(math.isfinite(v) for v in res.metrics["loss"])
-    assert all(math.isfinite(v) for v in res.metrics["gated"])
+    res = lab.train(name, TINY, seeds=[0, 1], steps=2, progress=False)
+    assert [r.method for r in res] == [name, name]
+    assert res[0].agg == lab.default_agg(name)
+    assert all(math.isfinite(v) for v in res[0].metrics["pg_clipfrac"])
 
 
 def test_accepts_any_object_with_a_loss_and_an_agg_override():
@@ -103,29 +168,49 @@ def test_accepts_any_object_with_a_loss_and_an_agg_override():
             obj = torch.where(mask, logp * adv[:, None], 0.0)
             return -rlgates.aggregate(obj, mask, agg)
 
-    res = lab.train(Reinforce(), TINY, seed=0, steps=2, agg="seq-mean-token-sum", progress=False)
+    res = lab.train(Reinforce(), TINY, seeds=[0, 1], steps=2, agg="seq-mean-token-sum",
+                    progress=False)[0]
     assert res.method == "my-reinforce" and res.agg == "seq-mean-token-sum"
-    assert math.isnan(res.metrics["gated"][0])
-    res = lab.train(rlgates.get("dapo", eps_high=0.4), TINY, steps=2, agg="seq-mean-token-mean",
-                    progress=False)
+    assert math.isnan(res.metrics["pg_clipfrac"][0])
+    assert math.isfinite(res.metrics["entropy"][0])
+    res = lab.train(rlgates.get("dapo", eps_high=0.4), TINY, steps=2,
+                    agg="seq-mean-token-mean", progress=False)[0]
     assert res.method == "dapo" and res.agg == "seq-mean-token-mean"
     with pytest.raises(ValueError, match="agg"):
         lab.train("ppo", TINY, steps=1, agg="sum", progress=False)
     with pytest.raises(ValueError, match="lag"):
         lab.train("ppo", TINY, steps=1, lag=-1, progress=False)
+    with pytest.raises(ValueError, match="anchor"):
+        lab.train("ppo", TINY.replace(anchor="old"), steps=1, progress=False)
     with pytest.raises(ValueError, match="unknown method"):
         lab.train("nope", TINY, steps=1, progress=False)
 
 
-def test_run_many_and_summary():
-    runs = lab.run_many(["ppo", "sapo"], seeds=[0, 1], config=TINY, steps=2)
-    assert list(runs) == ["ppo", "sapo"] and [r.seed for r in runs["sapo"]] == [0, 1]
+def test_run_many_summary_and_paired_differences():
+    runs = lab.run_many(["ppo", "sapo"], seeds=[0, 1, 2], config=TINY, steps=2)
+    assert list(runs) == ["ppo", "sapo"] and [r.seed for r in runs["sapo"]] == [0, 1, 2]
     # same seed: the same start, so the same first rollout batch for every method
     assert runs["ppo"][0].metrics["reward"][0] == runs["sapo"][0].metrics["reward"][0]
     s = lab.summary(runs, keys=("reward",), last=1)
-    vals = [r.metrics["reward"][-1] for r in runs["ppo"]]
-    assert s["ppo"]["reward"]["min"] == pytest.approx(min(vals))
+    vals = torch.tensor([r.metrics["reward"][-1] for r in runs["ppo"]], dtype=torch.float64)
+    assert s["ppo"]["reward"]["mean"] == pytest.approx(float(vals.mean()))
+    half = 4.303 * float(vals.std()) / math.sqrt(3)  # t_{0.975, 2} = 4.303
+    assert s["ppo"]["reward"]["hi"] == pytest.approx(float(vals.mean()) + half)
     assert "| ppo |" in lab.summary_table(runs)
+    d = lab.paired_difference(runs, "ppo", "sapo", "reward", last=1)
+    diffs = vals - torch.tensor([r.metrics["reward"][-1] for r in runs["sapo"]],
+                                dtype=torch.float64)
+    assert d["mean"] == pytest.approx(float(diffs.mean())) and d["n"] == 3
+
+
+def test_interval_and_verdict_words():
+    iv = lab.interval([1.0, 2.0, 3.0, 4.0])
+    assert iv["mean"] == 2.5 and iv["hi"] - iv["mean"] == pytest.approx(
+        3.182 * math.sqrt(5 / 3) / 2)
+    assert lab.report.t975(40) == pytest.approx(2.021, abs=1e-3)
+    assert lab.verdict({"lo": 0.1, "hi": 0.3}) == "higher"
+    assert lab.verdict({"lo": -0.3, "hi": -0.1}) == "lower"
+    assert lab.verdict({"lo": -0.1, "hi": 0.3}) == "no difference detected"
 
 
 def test_reward_on_hand_made_sequences():
@@ -164,16 +249,60 @@ def test_prompts_draw_common_then_rare_tokens():
 
 def test_config_is_sized_by_device():
     cpu, gpu = lab.LabConfig.for_device("cpu"), lab.LabConfig.for_device("cuda")
-    assert gpu.batch > cpu.batch and gpu.hidden > cpu.hidden
+    assert gpu.batch > cpu.batch
     assert lab.LabConfig.for_device("cpu", steps=7).steps == 7
 
 
-def test_lab_policy_sampling_matches_its_log_probs():
+def test_lab_policy_sampling_matches_its_log_probs_and_runs_are_independent():
     cfg = lab.LabConfig.for_device("cpu")
-    torch.manual_seed(0)
-    policy = cfg.policy()
+    policy = cfg.policy([0, 1])
+    alone = cfg.policy([1])
+    assert torch.equal(policy.w_head[1], alone.w_head[0])  # seed 1's weights, batched or not
+    assert not torch.equal(policy.w_head[0], policy.w_head[1])
     prompts = cfg.task().prompts(16, torch.Generator().manual_seed(1))
-    tokens, logp = policy.sample(16, cfg.length, prompts, torch.Generator().manual_seed(2))
+    prompts = torch.stack([prompts, prompts])
+    gens = [torch.Generator().manual_seed(2), torch.Generator().manual_seed(3)]
+    tokens, logp = policy.sample(prompts, cfg.length, gens)
+    assert tokens.shape == (2, 16, cfg.length)
     assert (policy.log_probs(tokens, prompts).detach() - logp).abs().max() < 1e-5
-    res = lab.train("ppo", cfg.replace(arch="gru"), steps=1, progress=False)
-    assert math.isfinite(res.metrics["loss"][0])
+    # run 0's loss moves run 0's weights only
+    policy.log_probs(tokens, prompts)[0].sum().backward()
+    assert policy.w_head.grad[1].abs().max() == 0 and policy.w_head.grad[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("family", ["gru", "lab"])
+def test_lagged_log_ratios_on_both_policy_families(family):
+    out = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4, group=4,
+                                    length=6, lr=1e-2, family=family)
+    assert out[0][0].shape == (16, 6) and out[0][1].shape == (16,)
+    assert out[0][0].abs().max() < 1e-6  # lag 0: the rollout policy is the live one
+    spread = [out[k][0].std().item() for k in (0, 2, 6)]
+    assert spread[0] < spread[1] < spread[2]
+    with pytest.raises(ValueError, match="family"):
+        rlgates.lagged_log_ratios(lags=(0,), family="mlp")
+
+
+def test_a_single_run_takes_unbatched_tensors():
+    cfg = lab.LabConfig.for_device("cpu")
+    one, two = cfg.policy([3]), cfg.policy([3, 4])
+    prompts = cfg.task().prompts(5, torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, cfg.vocab, (5, cfg.length))
+    flat = one.log_probs(tokens, prompts)
+    assert flat.shape == (5, cfg.length)
+    assert torch.equal(flat, one.log_probs(tokens[None], prompts[None])[0])
+    with pytest.raises(ValueError, match="single run"):
+        two.log_probs(tokens, prompts)
+
+
+def test_single_seed_compatibility_and_recomputed_anchor():
+    """train(seed=s) returns one LabResult; recompute_old anchors at π_prox with no weight;
+    a single run's hook sees [B, ...] tensors."""
+    seen = []
+    res = lab.train("ppo", TINY.replace(recompute_old=True), seed=2, lag=2, progress=False,
+                    hook=lambda e, i: seen.append(i) if e == "rollout" else None)
+    assert isinstance(res, lab.LabResult) and res.seed == 2
+    assert res.metrics["is_weight_mean"] == [1.0] * TINY.steps  # no lab weight
+    assert max(res.metrics["log_ratio_absmax"]) < 1.0 and seen[0]["tokens"].dim() == 2
+    assert torch.equal(seen[0]["logp_rollout"], seen[0]["logp_behaviour"])
+    assert all(0 <= v <= 1 for v in res.metrics["gated"])
+    assert all(math.isfinite(v) for v in res.metrics["loss"])

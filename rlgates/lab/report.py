@@ -1,0 +1,120 @@
+"""Reporting lab runs over seeds: means with 95 % intervals, paired differences, verdict words.
+
+All intervals are Student-t intervals over seeds (runs are independent; the seeds are common to
+every method, so a difference between two methods is taken seed by seed: a paired difference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..methods import REGISTRY
+
+#: Two-sided 95 % Student-t quantiles t_{0.975, df} for df = 1 … 30.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """t_{0.975, df}: a table to 30, then the Cornish-Fisher expansion (error < 1e-3)."""
+    if df < 1:
+        return math.nan
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def interval(values) -> dict:
+    """Mean and 95 % Student-t interval of independent values: {mean, lo, hi, std, n}."""
+    v = torch.as_tensor(values, dtype=torch.float64).flatten()
+    n = v.numel()
+    mean = float(v.mean())
+    std = float(v.std()) if n > 1 else math.nan
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "std": std, "n": n}
+
+
+def curves(results, key):
+    """Stack one metric over seeds: a [seeds, steps] tensor (float64)."""
+    return torch.tensor([r.metrics[key] for r in results], dtype=torch.float64)
+
+
+def finals(results, key, last=5):
+    """Each run's final value of `key` (mean over its last `last` steps): [seeds]."""
+    return torch.tensor([r.final(key, last) for r in results], dtype=torch.float64)
+
+
+def summary(runs: dict, keys=("reward", "entropy", "pg_clipfrac"), last=5) -> dict:
+    """{label: {key: interval(...) plus min and max}} of each run's final value."""
+    out = {}
+    for label, results in runs.items():
+        out[label] = {}
+        for key in keys:
+            v = finals(results, key, last)
+            out[label][key] = {**interval(v), "min": float(v.min()), "max": float(v.max())}
+    return out
+
+
+def paired_difference(runs: dict, a: str, b: str, key="reward", last=5) -> dict:
+    """a − b seed by seed (the runs share their seeds): mean and 95 % interval."""
+    sa = [r.seed for r in runs[a]]
+    if sa != [r.seed for r in runs[b]]:
+        raise ValueError(f"{a} and {b} must share their seeds to be paired")
+    return interval(finals(runs[a], key, last) - finals(runs[b], key, last))
+
+
+def verdict(diff: dict, higher="higher", lower="lower", same="no difference detected") -> str:
+    """A word from an interval: `higher` if it lies above 0, `lower` if below, else `same`."""
+    if diff["lo"] > 0:
+        return higher
+    if diff["hi"] < 0:
+        return lower
+    return same
+
+
+def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_ratio_absmax"),
+                  last=5, fmt=".3f") -> str:
+    """A Markdown table: per method, mean [95 % interval] over seeds of each final value."""
+    s = summary(runs, keys, last)
+    n = len(next(iter(runs.values())))
+    head = "| method | " + " | ".join(keys) + " |"
+    rows = [head, "|" + " --- |" * (len(keys) + 1)]
+    for label, stats in s.items():
+        cells = [f"{st['mean']:{fmt}} [{st['lo']:{fmt}}, {st['hi']:{fmt}}]"
+                 for st in (stats[k] for k in keys)]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return ("\n".join(rows) + f"\n\nmean [95 % interval] over {n} seeds of each run's mean "
+            f"over its last {last} steps.")
+
+
+def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
+                 fmt="+.3f") -> str:
+    """A Markdown table of paired differences (each label − `baseline`, seed by seed): mean
+    [95 % interval] and the verdict word of each."""
+    rows = [f"| − {baseline} | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    for label in runs:
+        if label == baseline:
+            continue
+        cells = []
+        for key in keys:
+            d = paired_difference(runs, label, baseline, key, last)
+            cells.append(f"{d['mean']:{fmt}} [{d['lo']:{fmt}}, {d['hi']:{fmt}}] {verdict(d)}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    n = len(runs[baseline])
+    return ("\n".join(rows) + f"\n\nPaired differences over {n} common seeds: mean [95 % "
+            f"interval] of each run's mean over its last {last} steps minus its baseline's.")
+
+
+def method_color(label, fallback="C0"):
+    """A registered method's line colour (its class's `color`), else `fallback`. A label such
+    as "dapo eps_high=2" takes the colour of its first word."""
+    cls = REGISTRY.get(str(label).lower()) or REGISTRY.get(str(label).lower().split(" ")[0])
+    return getattr(cls, "color", None) or fallback
+
+
+__all__ = ["curves", "finals", "interval", "method_color", "paired_difference", "paired_table",
+           "summary", "summary_table", "t975", "verdict"]
