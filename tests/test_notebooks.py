@@ -132,3 +132,16 @@ def test_stored_without_outputs(nb_path):
     for cell in json.loads(nb_path.read_text())["cells"]:
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_fits_the_page(nb_path):
+    """The web page shows 80 columns of code without scrolling; every cell a reader can see
+    (hide-input cells too, behind their toggle) keeps to that."""
+    long = []
+    for i, cell in enumerate(json.loads(nb_path.read_text())["cells"]):
+        if cell["cell_type"] != "code" or HIDDEN & set(cell["metadata"].get("tags", [])):
+            continue
+        long += [f"cell {i}: {len(line)} columns" for line in "".join(cell["source"]).splitlines()
+                 if len(line) > 80]
+    assert long == []
