@@ -64,6 +64,14 @@ def _hparam(method, name, value, *, low=None, low_open=False, below=None):
     return v
 
 
+def _window(method):
+    """Validate `eps_low` ∈ [0, 1) and `eps_high` ≥ 0; return the window (1 − ε_l, 1 + ε_h)."""
+    h = method.hparams
+    h["eps_low"] = _hparam(method.name, "eps_low", h["eps_low"], low=0, below=1)
+    h["eps_high"] = _hparam(method.name, "eps_high", h["eps_high"], low=0)
+    return 1 - h["eps_low"], 1 + h["eps_high"]
+
+
 class Method:
     """Base class: a token objective J = f(ρ; A)·A and everything derived from it.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import _numerics as nx
-from ._base import Method, _hparam, register
+from ._base import Method, _hparam, _window, register
 
 _SIGN_CLIP_JS = {
     "gate": "(a > 0 && r < 1 + p.eps_high) || (a < 0 && r > 1 - p.eps_low) ? 1 : 0",
@@ -33,10 +33,7 @@ class SignClip(Method):
     explorer = _SIGN_CLIP_JS
 
     def _validate(self):
-        h = self.hparams
-        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0, below=1)
-        h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
-        self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
+        self.low, self.high = _window(self)
 
     def _weight(self, ratio, adv):
         # torch.where, not min/max or clamp: autograd's derivative at an edge is then exactly the

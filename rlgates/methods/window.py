@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _numerics as nx
-from ._base import Method, _hparam, register
+from ._base import Method, _window, register
 
 
 @register
@@ -46,10 +46,7 @@ class SAO(Method):
     )
 
     def _validate(self):
-        h = self.hparams
-        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0, below=1)
-        h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
-        self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
+        self.low, self.high = _window(self)
 
     def _weight(self, ratio, adv):
         # not torch.clamp: its derivative is 1 at the edges, where the strict gate's is 0
