@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""The project's two commands (README):
+"""The project's commands (README):
 
-    python3 tasks.py book    set up, then build the book into _build/html
+    python3 tasks.py book    set up, then build the book into _build/html (every notebook runs)
     python3 tasks.py check   set up, then run every check; exits non-zero on any failure
+    python3 tasks.py lab     set up, then open JupyterLab on the reader notebooks
 
-Both create (or reuse) the virtual environment .venv and install requirements.txt into it, only
-when requirements.txt or pyproject.toml changed since the last install.
+All create (or reuse) the virtual environment .venv and install requirements.txt into it, only
+when requirements.txt or pyproject.toml changed since the last install. `lab` (and the check's
+JupyterLab test) also install JupyterLab into .venv when it is missing.
+
+`check` executes each chapter once: nbval runs it and writes it out with its outputs
+(scripts/nbval_record.py); those outputs prime the book's jupyter-cache (scripts/prime_cache.py),
+so the book build renders them, glue values included, without executing again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".requirements-sha256"
-BOOK_HTML = ROOT / "_build" / "html"
+BUILD = ROOT / "_build"
+BOOK_HTML = BUILD / "html"
+EXECUTED = BUILD / "executed"       # the notebooks nbval executed, with their outputs
+CACHE = BUILD / ".jupyter_cache"    # the book's jupyter-cache (_config.yml, execute.cache)
+READER = BUILD / "reader"           # the reader notebooks (scripts/reader_notebooks.py)
+JUPYTERLAB = "jupyterlab==4.6.6"    # for `lab` and the JupyterLab browser test (not in Binder's)
+LAB_STAMP = VENV / ".jupyterlab"
 TIMINGS: list[tuple[str, float, int]] = []
 
 
@@ -58,11 +70,23 @@ def setup() -> None:
     STAMP.write_text(digest)
 
 
-def build_book() -> None:
+def build_book(step: str = "book") -> None:
+    """Build the book. Notebooks whose outputs are in the jupyter-cache are not executed; the
+    reader notebooks are written when the build finishes (scripts/reader_notebooks.py)."""
     # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
     sh("offline assets", PY, "scripts/offline_assets.py")
-    shutil.rmtree(ROOT / "_build" / "html", ignore_errors=True)
-    sh("book", BIN / "jupyter-book", "build", ".", "-W", "-n", "--keep-going")
+    shutil.rmtree(BOOK_HTML, ignore_errors=True)
+    sh(step, BIN / "jupyter-book", "build", ".", "-W", "-n", "--keep-going")
+
+
+def ensure_jupyterlab() -> None:
+    """JupyterLab in .venv (not in requirements.txt: the book and its tests do not need it)."""
+    installed = LAB_STAMP.exists() and LAB_STAMP.read_text() == JUPYTERLAB
+    if installed and (BIN / "jupyter-lab").exists():
+        return
+    sh("install jupyterlab", PY, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+       JUPYTERLAB)
+    LAB_STAMP.write_text(JUPYTERLAB)
 
 
 def ensure_chromium() -> None:
@@ -87,32 +111,68 @@ def summary() -> None:
 
 def book() -> None:
     setup()
+    shutil.rmtree(CACHE, ignore_errors=True)  # from scratch: every notebook is executed
     build_book()
     summary()
-    print(f"\nbook built: {BOOK_HTML / 'index.html'}")
+    print(f"\nbook built: {BOOK_HTML / 'index.html'}\nreader notebooks: {READER / 'chapters'}")
 
 
 def check() -> None:
     setup()
     env = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
     sh("lint", BIN / "ruff", "check", ".")
-    # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code
-    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser", env=env)
-    # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup)
+    # the GitHub Actions workflow: syntax, expressions, action inputs, shell scripts (see README)
+    sh("lint workflow", BIN / "actionlint", *sorted(ROOT.glob(".github/workflows/*.yml")))
+    # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code;
+    # the tests of the built reader notebooks run after the book, below
+    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser",
+       env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+    # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
+    # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures
+    # use the inline backend here, as in the book (MPLBACKEND=Agg would show none).
+    shutil.rmtree(EXECUTED, ignore_errors=True)
     sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
-       "-n", "auto", "--dist", "loadfile", "chapters", env=env)
-    build_book()
+       "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
+       "chapters",
+       env={**env, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
+                                                        os.environ.get("PYTHONPATH")]))})
+    # the book renders nbval's outputs instead of executing the chapters again
+    sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
+    build_book("book (nbval outputs)")
+    sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
+       "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
     ensure_chromium()
-    # RLGATES_REQUIRE_BROWSER: a missing book or Chromium fails the browser tests (a plain
-    # `pytest` skips them instead)
+    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
+    # (a plain `pytest` skips them instead)
+    browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
     sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
-       "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BROWSER": "1"})
+       "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py", env=browser_env)
+    ensure_jupyterlab()
+    sh("jupyterlab test", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py", "-q",
+       "-m", "browser", "-p", "no:randomly", env=browser_env)
     summary()
     print("\nall checks passed")
 
 
+def lab() -> None:
+    """JupyterLab on the reader notebooks (built with the book when there are none yet)."""
+    setup()
+    ensure_jupyterlab()
+    if not (READER / "chapters").is_dir():
+        shutil.rmtree(CACHE, ignore_errors=True)
+        build_book()
+    summary()
+    cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={READER / 'chapters'}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # Jupyter refuses to run as root without it
+    print(f"\n==> {' '.join(cmd)}\n(the reader notebooks are rewritten by every build: "
+          "save your own changes under another name or folder)", flush=True)
+    os.execv(cmd[0], cmd)
+
+
 if __name__ == "__main__":
-    commands = {"book": book, "check": check}
+    commands = {"book": book, "check": check, "lab": lab}
     if len(sys.argv) != 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python3 {Path(__file__).name} {{{'|'.join(commands)}}}")
     commands[sys.argv[1]]()

@@ -6,7 +6,7 @@
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective (agg: m.agg)
 """
 
-from . import byo, diagnostics, figures, lab
+from . import byo, diagnostics, figures, lab, offpolicy
 from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
@@ -42,7 +42,8 @@ __all__ = [
     "aggregate", "aggregation_table", "aggregation_weight", "byo", "check_gradient",
     "compare_devices", "defaults_table", "demo_batch", "demo_size", "device", "diagnostics",
     "explore",
-    "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names", "on_accelerator",
+    "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names", "offpolicy",
+    "on_accelerator",
     "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
     "policy_step", "register", "sample_groups", "setup", "table", "tail_reward", "time_loss",
     "time_step", "unregister",

@@ -14,7 +14,15 @@ from ._base import Method, _hparam, register
 
 @register
 class SAO(Method):
-    """A top-hat trust region: f = clip(ρ, 1−ε_l, 1+ε_h) whatever the sign of A."""
+    """A top-hat trust region: f = clip(ρ, 1−ε_l, 1+ε_h) whatever the sign of A.
+
+    ρ is taken against the rollout engine's own log-probabilities (no separate π_old). The
+    defaults ε_l = 0.3, ε_h = 5.0 are the window (0.7, 6) of the paper's reasoning experiments
+    (its coding experiments use 0.8, 3.0), as secondary accounts of the paper report them;
+    chapter 6 says what is checked. The paper writes the token term as sg(f̄(ρ))·A·log π with
+    f̄(ρ) = ρ inside the window and 0 outside: the same gradient as clip(ρ)·A, another value
+    outside the window.
+    """
 
     name, title, date, order = "sao", "SAO", "July 2026", 4
     article_row = 5  # its row in the article's Table 1

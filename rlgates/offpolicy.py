@@ -1,0 +1,292 @@
+"""Off-policy corrections: importance weights as stop-gradient factors on the shared term.
+
+Asynchronous and engine-sampled training involves three policies:
+
+* the **behaviour** policy μ, which wrote the tokens (the rollout engine, possibly k updates old
+  and computed by other kernels); its log-probabilities are recorded at sampling time;
+* the **proximal** policy π_prox, the trainer's own policy at the start of the step, recomputed by
+  the trainer on the rollout tokens (PPO's "old" policy in decoupled PPO, arXiv:2110.00641, and
+  in AReaL, arXiv:2505.24298);
+* the **current** policy π_θ, the one being differentiated.
+
+The gate sees ρ = π_θ/π_prox. The gap from μ to π_prox is corrected by a weight
+w = π_prox/μ computed without gradient, so the gradient of every method becomes
+
+    ∇J_t = w_t · f'(ρ_t; A_t) · ρ_t · A_t · ∇log π_θ,
+
+a factor outside the gate. The corrections differ only in what they do with w:
+
+* ``tis``: truncated importance sampling, w ← min(w, C) (Yao et al.'s blog "Your efficient RL
+  framework secretly brings you off-policy RL training", 2025; verl ``rollout_is_threshold=2.0``
+  with ``rollout_is_mode=truncate``; TRL's ``vllm_importance_sampling_cap=2.0``);
+* ``mis``: masked importance sampling, w ← w·1[w ≤ C] (verl ``rollout_is_mode=mask``; TRL's
+  ``token_mask``/``sequence_mask`` modes; AReaL's ``behav_imp_weight_cap``, which drops tokens
+  whose weight exceeds the cap);
+* ``icepop``: two-sided masking, w ← w·1[α ≤ w ≤ β] (IcePop, Ring-1T, arXiv:2510.18855; verl's
+  IcePop setting ``rollout_is_threshold="0.5_5.0"``).
+
+Each works at token level (one w_t per token) or at sequence level (w = Π_t w_t, the product over
+the response, as verl and TRL compute it, broadcast to every token of the response).
+
+Every method takes the weight as ``m.loss(logp, logp_prox, adv, mask, is_weight=w)`` (and
+``m.expected_grad(..., is_weight=w)`` for the closed form). `OffPolicyLoss` packages a gate and a
+correction for `rlgates.lab.train` under lag k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import _numerics as nx
+
+#: kind -> (what it does outside the band, default level, default low, default high, source)
+CORRECTIONS = {
+    "tis": {"mode": "truncate", "level": "token", "low": None, "high": 2.0,
+            "source": "Yao et al. 2025 (TIS blog); verl rollout_is_threshold=2.0 (truncate); "
+                      "TRL vllm_importance_sampling_cap=2.0 (newer TRL: clip_max=3.0)"},
+    "mis": {"mode": "mask", "level": "token", "low": None, "high": 2.0,
+            "source": "verl rollout_is_mode=mask with rollout_is_threshold=2.0; TRL token_mask / "
+                      "sequence_mask (default sequence_mask, clip_max=3.0); AReaL "
+                      "behav_imp_weight_cap"},
+    "icepop": {"mode": "mask", "level": "token", "low": 0.5, "high": 5.0,
+               "source": "IcePop (Ring-1T, arXiv:2510.18855); verl rollout_is_threshold="
+                         "'0.5_5.0'"},
+}
+LEVELS = ("token", "sequence")
+
+
+def _threshold(kind, name, value):
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{kind}: {name} must be a number or None, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{kind}: {name} must be finite and > 0, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One importance-weight rule: `kind` (tis, mis, icepop), `level`, and the band [low, high].
+
+    >>> c = Correction("tis")                      # token level, C = 2
+    >>> w = c.weight(logp_prox, logp_behaviour, mask)   # [B, T], no gradient
+    """
+
+    kind: str = "tis"
+    level: str | None = None
+    low: float | None = None
+    high: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in CORRECTIONS:
+            raise ValueError(f"kind must be one of {tuple(CORRECTIONS)}, got {self.kind!r}")
+        spec = CORRECTIONS[self.kind]
+        level = spec["level"] if self.level is None else self.level
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        low = spec["low"] if self.low is None else self.low
+        high = spec["high"] if self.high is None else self.high
+        low, high = _threshold(self.kind, "low", low), _threshold(self.kind, "high", high)
+        if low is None and high is None:
+            raise ValueError(f"{self.kind}: give at least one of low and high")
+        if low is not None and high is not None and not low < high:
+            raise ValueError(f"{self.kind}: low must be < high, got {low} and {high}")
+        object.__setattr__(self, "level", level)
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
+
+    @property
+    def mode(self) -> str:
+        return CORRECTIONS[self.kind]["mode"]
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}-{self.level[:3]}"
+
+    def apply(self, log_w):
+        """The corrected weight from log w (elementwise): truncated, or zero outside the band."""
+        log_w = nx.as_float(log_w, "log_w").detach()
+        w = nx.ratio_from_log(log_w)  # log w clamped to ±20, as for ρ
+        if self.mode == "truncate":
+            return w.clamp(self.low, self.high)
+        keep = torch.ones_like(w, dtype=torch.bool)
+        if self.low is not None:
+            keep &= w >= self.low
+        if self.high is not None:
+            keep &= w <= self.high
+        return torch.where(keep, w, 0.0)
+
+    def weight(self, logp_target, logp_behaviour, mask=None):
+        """[B, T] stop-gradient weight for w = π_target/μ (zero on padding)."""
+        return importance_weight(logp_target, logp_behaviour, mask, self)
+
+    def __repr__(self):
+        band = f"[{self.low if self.low is not None else 0:g}, " \
+               f"{self.high if self.high is not None else math.inf:g}]"
+        return f"Correction({self.kind!r}, level={self.level!r}, {self.mode} outside {band})"
+
+
+def log_weight(logp_target, logp_behaviour, mask=None, level="token"):
+    """[B, T] log w: per token log π_target − log μ, or at sequence level its sum over the
+    response (log of the product of token weights), broadcast to every token. Zero on padding."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    logp_target = nx.as_float(logp_target, "logp_target").detach()
+    logp_behaviour = nx.as_float(logp_behaviour, "logp_behaviour").detach()
+    if logp_target.dim() != 2 or logp_target.shape != logp_behaviour.shape:
+        raise ValueError("logp_target and logp_behaviour must both be [B, T], got "
+                         f"{tuple(logp_target.shape)} and {tuple(logp_behaviour.shape)}")
+    if mask is None:
+        mask = torch.ones_like(logp_target, dtype=torch.bool)
+    else:
+        mask = torch.as_tensor(mask, device=logp_target.device)
+        if mask.shape != logp_target.shape:
+            raise ValueError(f"mask must be {tuple(logp_target.shape)}, got {tuple(mask.shape)}")
+        mask = mask != 0
+    dtype = nx.compute_dtype(logp_target, logp_behaviour)
+    lw = nx.token_log_ratio(logp_target.to(dtype), logp_behaviour.to(dtype), mask)
+    if level == "sequence":
+        lw = lw.sum(-1, keepdim=True).expand_as(lw)
+    return lw, mask
+
+
+def importance_weight(logp_target, logp_behaviour, mask=None, correction="tis", **kw):
+    """The stop-gradient weight w = π_target/μ after `correction` (a kind name or a Correction;
+    keywords level/low/high override the kind's defaults). [B, T], zero on padding."""
+    if not isinstance(correction, Correction):
+        correction = Correction(correction, **kw)
+    elif kw:
+        raise ValueError("pass level/low/high either in the Correction or as keywords, not both")
+    lw, mask = log_weight(logp_target, logp_behaviour, mask, correction.level)
+    return torch.where(mask, correction.apply(lw), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# a gate plus a correction, for the lab under lag k
+# ---------------------------------------------------------------------------------------------
+class OffPolicyLoss:
+    """A gate whose ratio is taken against the proximal policy, times a behaviour weight.
+
+    Use with `rlgates.lab.train(obj, LabConfig(recompute_old=True), lag=k, hook=obj.hook)`: the
+    lab then passes the proximal log-probs as `logp_old`, and the hook hands this object the
+    behaviour (rollout) log-probs and the policy. `correction=None` keeps w = 1 (a recomputed
+    anchor with no correction). The gate metrics of the lab use `gate`/`level` of the gate.
+    """
+
+    def __init__(self, gate="ppo", correction: Correction | str | None = "tis", name=None,
+                 **correction_kw):
+        from .methods import get
+
+        self.method = get(gate) if isinstance(gate, str) else gate
+        if correction is not None and not isinstance(correction, Correction):
+            correction = Correction(correction, **correction_kw)
+        self.correction = correction
+        tail = correction.label if correction is not None else "none"
+        self.name = name or f"{self.method.name}+{tail}"
+        self.level = self.method.level
+        self.agg = getattr(self.method, "agg", "token-mean")
+        self._policy = None
+        self._prox = self._behav = None
+        self.last_weight = None
+
+    def gate(self, ratio, adv):
+        return self.method.gate(ratio, adv)
+
+    def hook(self, event, info):
+        """Lab hook: remember the policy; at each rollout, the proximal and behaviour log-probs."""
+        if event == "update":
+            self._policy = info["policy"]
+        elif event == "rollout":
+            if info.get("step") == 0:  # a new run: forget the last run's policy
+                self._policy = None
+            self._behav = info["logp_rollout"]
+            if self._policy is None:  # step 0: no update yet, the sampler is the initial policy
+                self._prox = None
+            else:
+                with torch.no_grad():  # the call the lab makes for recompute_old=True
+                    self._prox = self._policy.log_probs(info["tokens"], info["prompts"])
+
+    def _behaviour_rows(self, logp_old):
+        """The behaviour log-probs of the minibatch: its rows are found by their proximal rows."""
+        if self._prox is None:
+            return None
+        d = (logp_old[:, None, :] - self._prox[None, :, :]).abs().amax(-1)
+        best = d.min(1)
+        if bool((best.values > 1e-5).any()):
+            raise ValueError("OffPolicyLoss: logp_old is not the proximal policy recomputed at "
+                             "the step start; train with LabConfig(recompute_old=True) and "
+                             "hook=obj.hook")
+        return self._behav[best.indices]
+
+    def loss(self, logp, logp_old, adv, mask=None, agg=None):
+        w = None
+        if self.correction is not None:
+            behav = self._behaviour_rows(logp_old.detach())
+            if behav is not None:
+                w = self.correction.weight(logp_old, behav, mask)
+        self.last_weight = w
+        return self.method.loss(logp, logp_old, adv, mask, agg, is_weight=w)
+
+    def __repr__(self):
+        return f"OffPolicyLoss({self.method!r}, {self.correction!r})"
+
+
+def train_arm(method, anchor, config, seed, lag, agg="token-mean"):
+    """One lab run of a method with its ratio anchored at the "behaviour" or "proximal" policy."""
+    from . import lab
+
+    if anchor not in ("behaviour", "proximal"):
+        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {anchor!r}")
+    cfg = config.replace(recompute_old=anchor == "proximal")
+    hook = getattr(method, "hook", None)
+    return lab.train(method, cfg, seed=seed, lag=lag, agg=agg, progress=False, hook=hook)
+
+
+# ---------------------------------------------------------------------------------------------
+# paired comparisons over common seeds
+# ---------------------------------------------------------------------------------------------
+#: two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1..30
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 97.5 % quantile of Student's t with df degrees of freedom (normal beyond 30)."""
+    if df < 1:
+        raise ValueError(f"df must be ≥ 1, got {df}")
+    return _T975[df - 1] if df <= 30 else 1.96 + 2.4 / df  # within 0.005 of t for df > 30
+
+
+def paired_interval(a, b):
+    """Mean of the paired differences a − b over common seeds, with its 95 % t-interval."""
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
+        raise ValueError(f"a and b must be 1-D of equal length ≥ 2, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    d = a - b
+    half = t975(d.numel() - 1) * float(d.std()) / math.sqrt(d.numel())
+    mean = float(d.mean())
+    return mean, mean - half, mean + half
+
+
+def verdict(lo, hi, more="higher", less="lower"):
+    """Words from an interval of a difference: `more` if it lies above 0, `less` below 0."""
+    if lo > 0:
+        return more
+    if hi < 0:
+        return less
+    return "no difference detected"
+
+
+__all__ = [
+    "CORRECTIONS", "LEVELS", "Correction", "OffPolicyLoss", "importance_weight", "log_weight",
+    "paired_interval", "t975", "train_arm", "verdict",
+]

@@ -1,0 +1,72 @@
+"""pytest plugin: keep what nbval executed, so that the book need not run the notebooks again.
+
+    pytest --nbval-lax -p nbval_record --nbval-record DIR chapters      (scripts/ on sys.path)
+
+nbval runs each code cell in a kernel and keeps the cell's outputs on the test item
+(`IPyNbCell.test_outputs`). This plugin copies them into the notebook nbval read, and when the last
+cell of a notebook has run, and every cell passed, writes the executed notebook to
+DIR/<notebook's path relative to the rootdir>. `scripts/prime_cache.py` then puts those notebooks
+into the book's jupyter-cache, so that `jupyter-book build` (execute_notebooks: cache) takes their
+outputs, glue values included, instead of executing again.
+
+Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
+order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
+nbval drops `clear_output` and `update_display_data` messages (it prints "unhandled iopub msg"):
+a chapter that used them would show every intermediate output. None does today.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.getgroup("nbval").addoption(
+        "--nbval-record", metavar="DIR", default=None,
+        help="write each notebook nbval executed, with its outputs, under DIR")
+
+
+def _is_nbval_cell(item) -> bool:
+    return type(item).__name__ == "IPyNbCell" and hasattr(item, "test_outputs")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when != "call" or not _is_nbval_cell(item):
+        return
+    report = outcome.get_result()
+    nb_file = item.parent
+    state = nb_file.__dict__.setdefault("_record_state", {"count": 0, "ok": True, "ran": 0})
+    if not report.passed or item.test_outputs is None:
+        state["ok"] = False
+        return
+    state["count"] += 1
+    state["ran"] += 1
+    item.cell.outputs = [nbformat.from_dict(dict(o)) for o in item.test_outputs]
+    item.cell.execution_count = state["count"]
+    for out in item.cell.outputs:
+        if out.get("output_type") == "execute_result":
+            out["execution_count"] = state["count"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    root = item.config.getoption("nbval_record", None)
+    if not root or not _is_nbval_cell(item):
+        return
+    if nextitem is not None and nextitem.parent is item.parent:
+        return  # not the notebook's last cell yet
+    nb_file = item.parent
+    state = nb_file.__dict__.get("_record_state", {"ok": False, "ran": 0})
+    n_code = sum(c.cell_type == "code" for c in nb_file.nb.cells)
+    if not state["ok"] or state["ran"] != n_code:
+        return
+    rel = Path(str(nb_file.path)).resolve().relative_to(Path(str(item.config.rootpath)).resolve())
+    out = Path(root) / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb_file.nb, str(out))

@@ -1,0 +1,464 @@
+"""The reader notebooks (scripts/reader_notebooks.py): every MyST role and directive converted,
+solutions folded, the set-up cell, the launch URLs; then the notebooks the book build wrote.
+
+The conversion tests need nothing built. The tests of the built notebooks read _build/reader
+(written when the book build finishes): they skip when no book is built, unless
+RLGATES_REQUIRE_BOOK=1 (set by `python3 tasks.py check`), where a missing book fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import reader_notebooks as rn  # noqa: E402
+
+URL = "https://github.com/rlgates/rlgates-book"
+GLUE = {
+    "chapters/07_x": {
+        "half": {"output_type": "display_data", "data": {
+            "application/papermill.record/text/plain": "2.7566"}},
+        "share": {"output_type": "display_data", "data": {
+            "application/papermill.record/text/plain": "0.125"}},
+        "word": {"output_type": "display_data", "data": {
+            "application/papermill.record/text/plain": "'higher'"}},
+        "table": {"output_type": "display_data", "data": {
+            "application/papermill.record/text/markdown": "| a |\n| - |\n| 1 |",
+            "application/papermill.record/text/plain": "<table>"}},
+    },
+    "chapters/06_y": {"other": {"output_type": "display_data", "data": {
+        "application/papermill.record/text/plain": "42"}}},
+}
+
+
+def make_book() -> rn.Book:
+    book = rn.Book(URL, "notebooks", glue=GLUE)
+    book.titles = {"chapters/07_x": "7. X", "chapters/06_y": "6. Y"}
+    book.labels = {
+        "sec-y": rn.Label("section", "chapters/06_y", "A section of Y"),
+        "sec-x": rn.Label("section", "chapters/07_x", "Key equations"),
+        "fig-x": rn.Label("figure", "chapters/07_x", "The gate.", "2"),
+        "eq-gate": rn.Label("equation", "chapters/07_x", "", "7.2"),
+        "ex-07_x-1": rn.Label("exercise", "chapters/07_x", "Exercise 1", "1"),
+    }
+    return book
+
+
+def convert(md: str) -> tuple[str, rn.Book]:
+    book = make_book()
+    return rn.Page("chapters/07_x", book).markdown(md), book
+
+
+# ------------------------------------------------------------------------ one test per role
+@pytest.mark.parametrize("md, expected", [
+    ("{glue:text}`half:.2f`", "2.76"),
+    ("{glue:text}`share:.1%`", "12.5%"),
+    ("{glue:text}`word`", "higher"),
+    ("{glue}`half`", "2.7566"),
+    ("{glue:text}`../chapters/06_y.ipynb::other`", "42"),
+    ("{eq}`eq-gate`", "[(7.2)](#eq-gate)"),
+    ("{numref}`fig-x`", "[Fig. 2](#fig-x)"),
+    ("{numref}`Figure %s <fig-x>`", "[Figure 2](#fig-x)"),
+    ("{ref}`sec-x`", "[Key equations](#sec-x)"),
+    ("{ref}`see here <sec-y>`",
+     "[see here](https://rlgates.github.io/rlgates-book/chapters/06_y.html#sec-y)"),
+    ("{doc}`06_y`", "[6. Y](https://rlgates.github.io/rlgates-book/chapters/06_y.html)"),
+    ("{doc}`the other <../chapters/06_y>`",
+     "[the other](https://rlgates.github.io/rlgates-book/chapters/06_y.html)"),
+    ("{cite}`schulman2017ppo`", "[schulman2017ppo]"),
+    ("{cite:p}`a, b`", "[a; b]"),
+    ("{math}`\\rho_t`", "$\\rho_t$"),
+    ("{explorer}`sapo`",
+     "[the gate explorer (sapo)](https://rlgates.github.io/rlgates-book/explorer.html#sapo)"),
+    ("{explorer}`try it <dapo>`",
+     "[try it](https://rlgates.github.io/rlgates-book/explorer.html#dapo)"),
+])
+def test_role(md, expected):
+    out, book = convert(f"The value is {md} here.")
+    assert out == f"The value is {expected} here."
+    assert not book.problems
+    assert rn.myst_leftovers(out) == []
+    assert rn.myst_leftovers(f"The value is {md} here.") == ["role"]
+
+
+def test_two_roles_and_code_spans_on_one_line():
+    out, _ = convert("at {glue:text}`half:.1f` near `x = {y}` and {glue:text}`share:.2f`.")
+    assert out == "at 2.8 near `x = {y}` and 0.12."
+
+
+def test_unknown_role_or_glue_name_is_a_problem():
+    _, book = convert("{frobnicate}`x` and {glue:text}`missing:.2f`")
+    assert any("unknown role" in p for p in book.problems)
+    assert any("'missing' not found" in p for p in book.problems)
+
+
+# ------------------------------------------------------------------- one test per directive
+def test_admonition_with_title():
+    out, _ = convert("```{admonition} In short\n- one {glue:text}`half:.1f`\n- two\n```")
+    assert out.splitlines() == ["> **In short**", ">", "> - one 2.8", "> - two"]
+
+
+@pytest.mark.parametrize("fence", ["```", ":::", "::::"])
+def test_dropdown_admonition_is_folded(fence):
+    out, _ = convert(f"{fence}{{admonition}} Solution\n:class: dropdown\nThe answer is "
+                     f"$x$.\n{fence}\n\nAfter.")
+    assert out.startswith("<details>\n<summary><b>Solution</b></summary>\n\nThe answer is $x$.")
+    assert out.rstrip().endswith("</details>\n\nAfter.")
+    assert rn.myst_leftovers(out) == []
+
+
+@pytest.mark.parametrize("name, title", [("note", "Note"), ("tip", "Tip"),
+                                         ("warning", "Warning"), ("seealso", "See also")])
+def test_named_admonitions(name, title):
+    out, _ = convert(f":::{{{name}}}\nBody.\n:::")
+    assert out.splitlines() == [f"> **{title}**", ">", "> Body."]
+
+
+def test_nested_directives():
+    out, book = convert("::::{admonition} Outer\n:::{note}\nInner {glue:text}`half:.0f`.\n:::\n"
+                        "::::")
+    assert not book.problems
+    assert "> > Inner 3." in out and rn.myst_leftovers(out) == []
+
+
+def test_exercise_and_gated_solution():
+    book = make_book()
+    page = rn.Page("chapters/07_x", book)
+    ex = page.markdown(":::{exercise}\n:label: ex-07_x-1\nPredict first.\n:::")
+    assert ex.splitlines() == ['<a id="ex-07_x-1"></a>', "**Exercise 1**", "", "Predict first."]
+    start = page.markdown(":::{solution-start} ex-07_x-1\n:class: dropdown\n:::\nThe prose.")
+    assert page.in_solution == "Solution to Exercise 1"
+    assert start.splitlines() == [
+        "*Solution to Exercise 1: folded below (click to open).*",
+        "<details>", "<summary><b>Solution to Exercise 1</b></summary>", "", "The prose.", "",
+        "</details>"]
+    # one cell: the end of solution 1's prose, solution-end, exercise 2, solution-start
+    book.labels["ex-07_x-2"] = rn.Label("exercise", "chapters/07_x", "Exercise 2", "2")
+    mixed = page.markdown("More of it.\n\n:::{solution-end}\n:::\n\n:::{exercise}\n"
+                          ":label: ex-07_x-2\nNext question.\n:::\n\n"
+                          ":::{solution-start} ex-07_x-2\n:::")
+    assert mixed.index("More of it.") < mixed.index("</details>") < mixed.index("Next question")
+    assert "**Exercise 2**" in mixed and "<details>\n<summary><b>Solution to Exercise 1" in mixed
+    assert page.in_solution == "Solution to Exercise 2"
+    end = page.markdown(":::{solution-end}\n:::")
+    assert page.in_solution is None and end.strip() == ""
+    assert not book.problems
+    for text in (ex, start, mixed, end):
+        assert rn.myst_leftovers(text) == []
+
+
+def test_solution_directive_is_folded():
+    out, _ = convert("```{solution} ex-07_x-1\n:class: dropdown\nBecause.\n```")
+    assert out.startswith("<details>\n<summary><b>Solution to Exercise 1</b></summary>")
+
+
+def test_math_directive_and_labelled_dollars():
+    out, _ = convert("```{math}\n:label: eq-gate\nf = 1\n```")
+    assert out.splitlines() == ['<a id="eq-gate"></a>', "$$", "f = 1", r"\tag{7.2}", "$$"]
+    out2, _ = convert("$$\nf = 1\n$$ (eq-gate)")
+    assert out2.splitlines() == ["$$", "f = 1", r"\tag{7.2}", "$$"]
+    assert rn.myst_leftovers(out) == rn.myst_leftovers(out2) == []
+
+
+def test_target_glue_md_figure_and_code_block():
+    out, _ = convert("(sec-x)=\n## Key equations\n\n```{glue:md} table\n:format: myst\n```\n\n"
+                     "```{figure} img.png\n:alt: a plot\nThe caption.\n```\n\n"
+                     "```{code-block} python\nx = 1\n```")
+    assert '<a id="sec-x"></a>' in out and "| a |" in out
+    assert "![a plot](img.png)" in out and "*The caption.*" in out
+    assert "```python\nx = 1\n```" in out
+    assert rn.myst_leftovers(out) == []
+
+
+def test_code_blocks_and_math_are_copied_verbatim():
+    md = "```python\nglue('{x}')  # {glue:text}`x`\n```\n\n$$\n\\frac{a}{b}\n$$"
+    out, book = convert(md)
+    assert out == md and not book.problems
+
+
+def test_leftovers_detector_sees_each_kind():
+    assert rn.myst_leftovers(":::{note}\nx\n:::") == ["directive", "colon fence"]
+    assert "option" in rn.myst_leftovers("```\n:class: dropdown\n```x") or \
+        rn.myst_leftovers("> :class: dropdown") == []
+    assert rn.myst_leftovers("(my-label)=\n# T") == ["target"]
+    assert rn.myst_leftovers("$$\nx\n$$ (eq-a)") == ["labelled math"]
+    assert rn.myst_leftovers("plain $x$ and `code {glue:text}`") == []
+
+
+# --------------------------------------------------------------------------- whole notebook
+def chapter(cells) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    return nb
+
+
+def test_reader_notebook_cells():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    fig = code("plt.show()")
+    fig.metadata["mystnb"] = {"figure": {"caption": "The gate, {glue:text}`half:.1f`.",
+                                         "name": "fig-x"}}
+    hidden, removed = code("h = 1"), code("assert h")
+    hidden.metadata["tags"], removed.metadata["tags"] = ["hide-input"], ["remove-cell"]
+    sol_code = code("print(2)")
+    src = chapter([md("# 7. X"), code("from myst_nb import glue"), fig, hidden, removed,
+                   md(":::{exercise}\n:label: ex-07_x-1\nQ?\n:::"),
+                   md(":::{solution-start} ex-07_x-1\n:class: dropdown\n:::"),
+                   sol_code, md("More prose."), md(":::{solution-end}\n:::")])
+    book = make_book()
+    nb = rn.reader_notebook("chapters/07_x", src, book)
+    nbformat.validate(nb)
+    assert not book.problems
+    setup = nb.cells[1]
+    assert setup.metadata["tags"] == [rn.INSTALL_TAG]
+    assert f"git+{URL}@notebooks" in setup.source
+    by_source = {c.source: c for c in nb.cells}
+    caption = nb.cells[nb.cells.index(by_source["plt.show()"]) + 1]
+    assert caption.cell_type == "markdown" and "> The gate, 2.8." in caption.source
+    assert by_source["h = 1"].metadata["jupyter"] == {"source_hidden": True}
+    assert by_source["assert h"].metadata["jupyter"] == {"source_hidden": True,
+                                                         "outputs_hidden": True}
+    solution = by_source["print(2)"]
+    assert solution.metadata["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
+    assert solution.metadata["cellView"] == "form"
+    prose = next(c for c in nb.cells if "More prose." in c.source)
+    assert prose.source.startswith("<details>")
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            assert rn.myst_leftovers(c.source) == [], c.source
+    assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
+        [c.source for c in src.cells if c.cell_type == "code"]
+
+
+def run_setup_cell(source: str, hide: tuple[str, ...]) -> dict:
+    """Run the set-up cell in a fresh interpreter, with some modules made to look missing and
+    pip replaced by a recorder; returns what it did."""
+    probe = f"""
+import importlib.util, json, subprocess, sys
+calls = []
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name in {hide!r} else real(name, *a)
+subprocess.check_call = lambda cmd, **kw: calls.append(cmd)
+for name in {hide!r}:
+    sys.modules.pop(name, None)
+exec(compile({source!r}, "setup-cell", "exec"))
+from myst_nb import glue
+glue("x", 1.5, display=False)
+print(json.dumps({{"calls": calls, "glue": type(sys.modules["myst_nb"]).__name__}}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_setup_cell_installs_only_when_missing():
+    config = rn.read_config()
+    url, branch = rn.repository(config)
+    source = rn.install_cell_source(url, branch)
+    local = run_setup_cell(source, hide=())
+    assert local["calls"] == [] and local["glue"] == "module"  # locally: nothing happens
+    colab = run_setup_cell(source, hide=("rlgates", "myst_nb"))
+    assert colab["calls"] == [[sys.executable, "-m", "pip", "install", "-q",
+                               f"rlgates @ git+{url}@{branch}"]]
+    assert colab["glue"] == "SimpleNamespace"  # the stand-in glue
+
+
+def test_repository_url_is_set_once():
+    """_config.yml names the repository; no other file of the project spells it out."""
+    url, branch = rn.repository(rn.read_config())
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url) and branch
+    spelled = [p for p in ["README.md", "index.md", "tasks.py", "scripts/reader_notebooks.py"]
+               if url in (ROOT / p).read_text()]
+    assert spelled == []
+
+
+# ------------------------------------------------------------------------ the built notebooks
+BUILD = Path(os.environ.get("BOOK_BUILD", ROOT / "_build"))
+READER = BUILD / "reader"
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, nbformat.NotebookNode]:
+    if os.environ.get("RLGATES_REQUIRE_BOOK") == "0":
+        pytest.skip("the check tests the reader notebooks after it builds the book")
+    if not (READER / "problems.json").is_file():
+        if os.environ.get("RLGATES_REQUIRE_BOOK") == "1":
+            pytest.fail(f"no reader notebooks in {READER}: build the book first")
+        pytest.skip("no book built (python3 tasks.py book); RLGATES_REQUIRE_BOOK=1 to fail")
+    docs = rn.chapters(ROOT)
+    missing = [d for d in docs if not (READER / f"{d}.ipynb").is_file()]
+    assert not missing, f"no reader notebook for {missing}"
+    return {d: nbformat.read(str(READER / f"{d}.ipynb"), as_version=4) for d in docs}
+
+
+def test_built_notebooks_parse_and_resolve_every_glue_name(built):
+    assert json.loads((READER / "problems.json").read_text()) == []
+    for doc, nb in built.items():
+        nbformat.validate(nb)
+        assert nb.cells[1].metadata.get("tags") == [rn.INSTALL_TAG], doc
+
+
+def test_built_notebooks_have_no_myst_left(built):
+    found = {}
+    for doc, nb in built.items():
+        for i, c in enumerate(nb.cells):
+            if c.cell_type == "markdown" and rn.myst_leftovers(c.source):
+                found[f"{doc} cell {i}"] = rn.myst_leftovers(c.source)
+            if c.cell_type == "markdown":
+                assert "[" not in c.source or not re.search(r"\[[\w.]+\?\]", c.source), doc
+    assert found == {}
+
+
+def test_built_code_is_the_executed_chapters_code(built):
+    """The reader notebook runs the chapter's own code cells, which nbval executed (and the
+    book build used); only the set-up cell is new, tested above."""
+    for doc, nb in built.items():
+        src = nbformat.read(str(ROOT / f"{doc}.ipynb"), as_version=4)
+        assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
+            [c.source for c in src.cells if c.cell_type == "code"], doc
+        assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code"), doc
+        captions = sum(bool(c.metadata.get("mystnb", {}).get("figure", {}).get("caption"))
+                       for c in src.cells)
+        shown = sum(c.cell_type == "markdown" and c.source.startswith('<a id="fig-')
+                    for c in nb.cells)
+        assert shown >= captions, doc
+
+
+def test_download_button_serves_the_reader_notebook(built):
+    for doc in built:
+        served = BUILD / "html" / "_sources" / f"{doc}.ipynb"
+        assert served.read_bytes() == (READER / f"{doc}.ipynb").read_bytes(), doc
+
+
+def test_launch_buttons_read_the_configured_repository(built):
+    url, branch = rn.repository(rn.read_config())
+    org_repo = url.removeprefix("https://github.com/")
+    doc = next(iter(built))
+    html = (BUILD / "html" / f"{doc}.html").read_text()
+    colab = f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/{doc}.ipynb"
+    binder = f"https://mybinder.org/v2/gh/{org_repo}/{branch}?urlpath=lab/tree/{doc}.ipynb"
+    assert colab in html and binder in html.replace("&amp;", "&")
+    assert "/./" not in re.sub(r"https?://", "", " ".join(re.findall(r'href="([^"]+)"', html)))
+
+
+# ------------------------------------------------------------------ Binder, CI, licence, citation
+# what a chapter may import beyond Binder's light environment: the standard library, rlgates,
+# IPython (Binder's Jupyter), myst_nb (the set-up cell's stand-in), and chapter 14's trainers,
+# which Binder does not install (that chapter's trainer cells need a machine of your own)
+NOT_IN_BINDER = {"rlgates", "IPython", "myst_nb", "trl", "verl", "transformers", "datasets",
+                 "accelerate", "peft", "vllm", "ray"}
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_binder_environment_is_light_and_covers_the_chapters():
+    binder = _pins(ROOT / "binder" / "requirements.txt")
+    main = _pins(ROOT / "requirements.txt")
+    assert set(binder) == {"torch", "numpy", "matplotlib", "ipywidgets"}
+    assert all(main[name] == version for name, version in binder.items())  # same versions
+    imported = set()
+    for doc in rn.chapters(ROOT):
+        nb = nbformat.read(str(ROOT / f"{doc}.ipynb"), as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                imported |= set(re.findall(r"^\s*(?:from|import)\s+(\w+)", c.source, re.M))
+    third_party = {m for m in imported - NOT_IN_BINDER if m not in sys.stdlib_module_names}
+    assert third_party <= set(binder), third_party - set(binder)
+    post = (ROOT / "binder" / "postBuild").read_text()
+    assert "pip install --no-deps" in post and os.access(ROOT / "binder" / "postBuild", os.X_OK)
+
+
+def test_workflow_runs_the_test_command_in_debian_and_deploys_pages():
+    import yaml
+
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    check = wf["jobs"]["check"]
+    assert re.fullmatch(r"python:3\.11-(bookworm|trixie)", check["container"]["image"])
+    runs = [s.get("run", "") for s in check["steps"]]
+    assert "python3 tasks.py check" in runs
+    uploads = [s for s in check["steps"] if str(s.get("uses", "")).startswith(
+        "actions/upload-pages-artifact")]
+    assert uploads and uploads[0]["with"]["path"] == "_build/html"
+    assert any(str(s.get("uses", "")).startswith("actions/deploy-pages")
+               for s in wf["jobs"]["pages"]["steps"])
+    assert "push --force" in wf["jobs"]["notebooks"]["steps"][-1]["run"]
+    _, branch = rn.repository(rn.read_config())
+    assert f"git init -q -b {branch}" in wf["jobs"]["notebooks"]["steps"][-1]["run"]
+
+
+def test_licences_and_citation():
+    import yaml
+
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    content = (ROOT / "LICENSE-CONTENT").read_text()
+    assert "Creative Commons Attribution 4.0 International" in content and len(content) > 15000
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["title"] and cff["authors"] and cff["message"]
+    url, _ = rn.repository(rn.read_config())
+    assert cff["repository-code"] == url and cff["url"] == rn.pages_url(url)
+    assert set(cff["license"]) == {"MIT", "CC-BY-4.0"}
+
+
+def test_notebooks_branch_tree(built, tmp_path):
+    import notebooks_branch
+
+    files = {str(p) for p in notebooks_branch.assemble(tmp_path / "tree", "abc123")}
+    for doc in built:
+        assert f"{doc}.ipynb" in files  # where the launch buttons point
+    assert {"binder/requirements.txt", "binder/postBuild", "pyproject.toml", "LICENSE",
+            "LICENSE-CONTENT", "CITATION.cff", "rlgates/__init__.py", "README.md"} <= files
+    assert not any("__pycache__" in f for f in files)
+
+
+# ----------------------------------------------------------- one execution: nbval -> the book
+def test_nbval_record_and_prime_cache(tmp_path):
+    """nbval's outputs (glue, results, streams) are written out and found by the book's cache
+    lookup; a notebook with a failing cell is not written."""
+    from jupyter_cache import get_cache
+    from prime_cache import prime
+
+    code = nbformat.v4.new_code_cell
+    good = chapter([code("x = 2"), code("from myst_nb import glue\nglue('x', x, display=False)"),
+                    code("x * 3"), code("print('hi')")])
+    bad = chapter([code("y = 1"), code("assert y == 2")])
+    (tmp_path / "nb").mkdir()
+    nbformat.write(good, str(tmp_path / "nb" / "good.ipynb"))
+    nbformat.write(bad, str(tmp_path / "nb" / "bad.ipynb"))
+    out = tmp_path / "executed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly", "-p",
+         "nbval_record", "--nbval-record", str(out), "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "nb"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300)
+    assert "1 failed" in run.stdout, run.stdout[-2000:]
+    assert not (out / "nb" / "bad.ipynb").exists()
+    nb = nbformat.read(str(out / "nb" / "good.ipynb"), as_version=4)
+    outputs = [c.outputs for c in nb.cells]
+    assert [c.execution_count for c in nb.cells] == [1, 2, 3, 4]
+    assert outputs[1][0]["metadata"]["scrapbook"]["name"] == "x"
+    assert outputs[2][0]["output_type"] == "execute_result"
+    assert outputs[2][0]["data"]["text/plain"] == "6"
+    assert outputs[3][0]["text"] == "hi\n"
+    primed = prime(out, tmp_path / "cache", root=tmp_path)
+    assert primed == [Path("nb/good.ipynb")]
+    cache = get_cache(str(tmp_path / "cache"))
+    source = nbformat.read(str(tmp_path / "nb" / "good.ipynb"), as_version=4)
+    _, merged = cache.merge_match_into_notebook(source)  # myst-nb's lookup in cache mode
+    assert [c.outputs for c in merged.cells] == outputs
