@@ -94,7 +94,10 @@ class Method:
     #: (the hyperparameters), "bounds": expression giving [[ratio, side], ...]}; None: the
     #: explorer does not offer this method. The browser test checks it against `gate`.
     explorer: dict | None = None
-    #: How the big trainers spell this loss (filled in by the trainer chapter's adapters).
+    #: How the big trainers spell this loss: {"verl": settings, "trl": settings}, each a dict
+    #: (a str value that names a hyperparameter stands for its value; a callable gets the
+    #: hyperparameters), a callable of the hyperparameters, or None (no built-in equivalent).
+    #: Resolved by rlgates.trainers.flags; tested against TRL and verl in tests/test_trainers.py.
     trainer_flags: dict = {}
     # --- Table 1 --------------------------------------------------------------------------------
     f_latex = ""

@@ -63,6 +63,12 @@ class PPO(SignClip):
     defaults = {"eps": 0.2}
     agg_source = ("PPO averages the clipped objective over every sampled timestep: the token "
                   "mean. verl's default loss_agg_mode is token-mean too.")
+    trainer_flags = {  # a str value names a hyperparameter; see rlgates.trainers.flags
+        "verl": {"loss_mode": "vanilla", "clip_ratio_low": "eps", "clip_ratio_high": "eps",
+                 "clip_ratio_c": float("inf"), "loss_agg_mode": "token-mean"},
+        "trl": {"loss_type": "dapo", "epsilon": "eps", "epsilon_high": "eps",
+                "importance_sampling_level": "token"},
+    }
     color = "#1b9e77"
     slider_ranges = {"eps": (0.01, 0.6, 0.01)}
     explorer = {
@@ -93,6 +99,12 @@ class GRPO(PPO):
     agg_source = ("DeepSeekMath's GRPO objective is (1/G) Σ_i (1/|o_i|) Σ_t: the mean over "
                   "responses of each response's token mean. verl's default loss_agg_mode is "
                   "token-mean, so GRPO run with verl's defaults weighs responses by length.")
+    trainer_flags = {
+        "verl": {"loss_mode": "vanilla", "clip_ratio_low": "eps", "clip_ratio_high": "eps",
+                 "clip_ratio_c": float("inf"), "loss_agg_mode": "seq-mean-token-mean"},
+        "trl": {"loss_type": "grpo", "epsilon": "eps", "epsilon_high": "eps",
+                "importance_sampling_level": "token"},
+    }
     color = "#d95f02"
     insight = (
         "PPO's gate unchanged; what is new is the advantage, normalised within a group of "
@@ -107,6 +119,13 @@ class DAPO(SignClip):
     paper = "Yu et al. 2025, DAPO, arXiv:2503.14476"
     agg_source = ("DAPO's token-level policy-gradient loss: the sum over every token of the "
                   "batch divided by the batch's token count.")
+    trainer_flags = {
+        "verl": {"loss_mode": "vanilla", "clip_ratio_low": "eps_low",
+                 "clip_ratio_high": "eps_high", "clip_ratio_c": float("inf"),
+                 "loss_agg_mode": "token-mean"},
+        "trl": {"loss_type": "dapo", "epsilon": "eps_low", "epsilon_high": "eps_high",
+                "importance_sampling_level": "token"},
+    }
     color = "#7570b3"
     f_latex = (r"\begin{cases}\min(\rho_t,\,1+\epsilon_h) & A_t>0\\"
                r"\max(\rho_t,\,1-\epsilon_l) & A_t\le 0\end{cases}")
@@ -135,6 +154,12 @@ class GSPO(SignClip):
     agg_source = ("GSPO's objective is a mean over the G responses, each weighted once. verl's "
                   "gspo loss uses seq-mean-token-mean, and TRL with "
                   "importance_sampling_level='sequence' takes a per-sequence mean.")
+    trainer_flags = {
+        "verl": {"loss_mode": "gspo", "clip_ratio_low": "eps_low", "clip_ratio_high": "eps_high",
+                 "loss_agg_mode": "seq-mean-token-mean"},
+        "trl": {"loss_type": "grpo", "epsilon": "eps_low", "epsilon_high": "eps_high",
+                "importance_sampling_level": "sequence"},
+    }
     color = "#a6761d"
     log_ratio_lim = 1.5e-3
     slider_ranges = {"eps_low": (0.0, 2e-3, 1e-5), "eps_high": (0.0, 2e-3, 1e-5)}
@@ -170,6 +195,12 @@ class DualClip(PPO):
     agg = "token-mean"
     agg_source = ("verl's default policy loss ('vanilla') is dual-clip PPO with c = 3 and "
                   "loss_agg_mode token-mean.")
+    trainer_flags = {
+        "verl": {"loss_mode": "vanilla", "clip_ratio_low": "eps", "clip_ratio_high": "eps",
+                 "clip_ratio_c": "c", "loss_agg_mode": "token-mean"},
+        "trl": {"loss_type": "dapo", "epsilon": "eps", "epsilon_high": "eps", "delta": "c",
+                "importance_sampling_level": "token"},
+    }
     color = "#666666"
     log_ratio_lim = 1.5
     slider_ranges = {"eps": (0.01, 0.6, 0.01), "c": (1.05, 10.0, 0.05)}

@@ -19,6 +19,7 @@ class Reinforce(Method):
              "reinforcement learning, Machine Learning 8:229-256 (no arXiv id)")
     defaults: dict = {}
     agg_source = "The token mean, as for PPO."
+    trainer_flags = {"verl": None, "trl": None}  # no built-in loss: use rlgates.trainers
     color = "#17becf"
     explorer = {"gate": "1", "bounds": "[]"}
     f_latex = r"\rho_t"

@@ -22,6 +22,12 @@ class SAPO(Method):
     agg = "seq-mean-token-mean"
     agg_source = ("SAPO's objective averages each response's tokens, then the G responses; "
                   "verl's and TRL's sapo losses use the same per-sequence mean.")
+    trainer_flags = {
+        "verl": {"loss_mode": "sapo", "tau_pos": "tau_pos", "tau_neg": "tau_neg",
+                 "loss_agg_mode": "seq-mean-token-mean"},
+        "trl": {"loss_type": "sapo", "sapo_temperature_pos": "tau_pos",
+                "sapo_temperature_neg": "tau_neg", "importance_sampling_level": "token"},
+    }
     color = "#66a61e"
     log_ratio_lim = 3.0
     slider_ranges = {"tau_pos": (0.1, 5.0, 0.05), "tau_neg": (0.1, 5.0, 0.05)}

@@ -38,6 +38,14 @@ class CISPO(Method):
     paper = "MiniMax 2025, MiniMax-M1, arXiv:2506.13585"
     defaults = {"eps_low": 1.0, "eps_high": 4.0}
     agg_source = "MiniMax-M1 normalises CISPO's loss by the total token count of the batch."
+    trainer_flags = {
+        "verl": {"loss_mode": "cispo", "clip_ratio_low": "eps_low", "clip_ratio_high": "eps_high",
+                 "loss_agg_mode": "token-mean"},
+        # TRL caps the ratio at epsilon_high itself and has no lower clip
+        "trl": lambda h: None if h["eps_low"] != 1 else {
+            "loss_type": "cispo", "epsilon_high": 1 + h["eps_high"],
+            "importance_sampling_level": "token"},
+    }
     color = "#e6ab02"
     log_ratio_lim = 2.0
     slider_ranges = {"eps_low": (0.0, 1.0, 0.01), "eps_high": (0.0, 10.0, 0.05)}

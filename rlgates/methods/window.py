@@ -30,6 +30,7 @@ class SAO(Method):
     hard = True
     defaults = {"eps_low": 0.3, "eps_high": 5.0}
     agg_source = "No source states SAO's aggregation; we use the token mean, the common default."
+    trainer_flags = {"verl": None, "trl": None}  # no built-in loss: use rlgates.trainers
     color = "#e7298a"
     log_ratio_lim = 2.0
     slider_ranges = {"eps_low": (0.0, 0.95, 0.01), "eps_high": (0.0, 6.0, 0.01)}

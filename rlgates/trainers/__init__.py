@@ -1,0 +1,150 @@
+"""Any rlgates gate inside a real trainer: TRL's `GRPOTrainer` and verl's policy-loss registry.
+
+The trainers stay the engines (sampling, batching, optimiser, logging, processes); an adapter only
+swaps the per-token objective for an rlgates method's. Two thin modules do the plumbing and import
+their trainer; this one imports neither, so it stays light:
+
+    rlgates.trainers.trl    RlgatesGRPOTrainer (a GRPOTrainer subclass), trl_loss,
+                            builtin_loss (TRL's own loss at given log-probs)
+    rlgates.trainers.verl   policy_loss(method), register(method) -> "rlgates_<name>"
+
+What lives here is shared by both:
+
+- `flags(m)`: the trainer settings that make a trainer's *built-in* loss compute `m` (the flag
+  table of the book's chapter 14, from each method class's `trainer_flags`), or None where a
+  trainer has no built-in equivalent;
+- `loss(m, ..., norm=, length=)`: `m.loss` with a trainer's normaliser in place of the local one.
+
+The normaliser. `rlgates.aggregate` divides by counts of the batch it is given: its tokens
+(token-mean) or its non-empty sequences (the seq-mean modes), and T for seq-mean-token-sum-norm.
+A trainer that splits a batch into micro-batches (and over processes) divides each micro-batch's
+sum by a count of the *whole* batch instead, so that the accumulated gradient equals the
+full-batch loss's. Every denominator is a constant (it does not depend on log π), so the
+trainer's loss is the local one times local count / trainer count, exactly, value and gradient.
+`loss` does that rescaling; the library's own `aggregate` keeps one meaning (the batch you pass).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._numerics import LOG_RATIO_CLAMP
+
+#: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
+TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
+
+_INF = math.inf
+
+
+def _resolve(spec, h):
+    if spec is None:
+        return None
+    if callable(spec):
+        return spec(dict(h))
+    out = {}
+    for k, v in spec.items():
+        if callable(v):
+            v = v(dict(h))
+        elif isinstance(v, str) and v in h:
+            v = h[v]
+        out[k] = v
+    return out
+
+
+def flags(method) -> dict:
+    """{"verl": settings or None, "trl": settings or None}: the settings that make each trainer's
+    built-in loss compute `method` with its current hyperparameters, read from the method
+    class's `trainer_flags`. None: no built-in equivalent (the adapters still run the method)."""
+    spec = getattr(type(method), "trainer_flags", None) or {}
+    return {k: _resolve(spec.get(k), method.hparams) for k in ("verl", "trl")}
+
+
+def _fmt(v):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "inf (off)" if v == _INF else f"{v:g}"
+    return str(v)
+
+
+def flag_rows(names=None):
+    """One row per method (at its defaults): [name, verl settings, TRL settings] as strings."""
+    import rlgates
+
+    rows = []
+    for name in names or rlgates.names():
+        f = flags(rlgates.get(name))
+        cells = [", ".join(f"{k}={_fmt(v)}" for k, v in s.items() if v is not None)
+                 if s else "— (adapter only)" for s in (f["verl"], f["trl"])]
+        rows.append([name, *cells])
+    return rows
+
+
+def flag_table(names=None) -> str:
+    """The flag table as Markdown: per method (at its defaults), the verl and TRL settings that
+    make each trainer's built-in loss compute it, and the versions they were tested with."""
+    head = (f"| method | verl {TESTED_VERSIONS['verl']} | TRL {TESTED_VERSIONS['trl']} |\n"
+            "| --- | --- | --- |\n")
+    return head + "\n".join(
+        f"| `{n}` | {v.replace(', ', '; ')} | {t.replace(', ', '; ')} |"
+        for n, v, t in flag_rows(names))
+
+
+def _local_count(mask, agg):
+    if agg == "token-mean":
+        return mask.sum()
+    return (mask.sum(-1) > 0).sum()
+
+
+def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=None,
+         is_weight=None):
+    """`method.loss` with a trainer's denominators: value and gradient, exactly.
+
+    norm: the count the outer mean divides by. token-mean: a number of tokens (the global token
+        count of the optimiser step, over micro-batches and processes); the seq-mean modes: a
+        number of sequences. None keeps rlgates' own (this batch's tokens, or its non-empty
+        sequences).
+    length: seq-mean-token-sum-norm's constant (Dr. GRPO's generation budget); None keeps T.
+
+    is_weight: passed to `method.loss` (a constant per-token factor, such as verl's rollout
+        correction weights).
+
+    Summing `loss(..., norm=N)` over micro-batches that together hold N tokens gives the
+    full batch's token-mean, whatever the split (tests/test_trainers.py checks it).
+    """
+    agg = agg or method.agg
+    out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight)
+    if norm is None and length is None:
+        return out
+    m = torch.ones(logp.shape, dtype=torch.bool, device=logp.device) if mask is None else mask != 0
+    scale = out.new_tensor(1.0)
+    if norm is not None:
+        scale = scale * _local_count(m, agg).to(out.dtype) / torch.as_tensor(norm).to(out)
+    if length is not None:
+        if agg != "seq-mean-token-sum-norm":
+            raise ValueError(f"length only applies to seq-mean-token-sum-norm, not agg={agg!r}")
+        scale = scale * max(m.shape[-1], 1) / float(length)
+    return out * scale
+
+
+def gate_stats(method, logp, logp_old, adv, mask):
+    """{"gate_mean": mean f', "gate_zero": share of tokens the gate shuts}, over the real tokens
+    with A ≠ 0 (at A = 0 there is no signal to gate), at the ratio the gate sees (its sequence's
+    for a sequence-level method). For a trainer's logs."""
+    with torch.no_grad():
+        m = mask != 0
+        dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        lr = torch.where(m, logp.to(dtype) - logp_old.to(dtype), 0.0)
+        if getattr(method, "level", "token") == "sequence":
+            lr = (lr.sum(-1) / m.sum(-1).clamp(min=1))[:, None].expand_as(lr)
+        a = adv.to(dtype)
+        a = a[:, None].expand_as(lr) if a.dim() == 1 else a
+        g = method.gate(torch.exp(lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), a)
+        m = m & (a != 0)
+        n = m.sum().clamp(min=1)
+        return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
+
+
+__all__ = ["TESTED_VERSIONS", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]

@@ -1,0 +1,560 @@
+"""rlgates inside the real trainers: TRL 1.16's GRPOTrainer and verl 0.9.1's policy losses.
+
+Everything runs on the CPU with a model and a tokenizer built here (no hub, no downloads). The
+comparisons are built so that each could fail:
+- ρ ≠ 1: TRL runs with num_iterations=2, and the step compared is the second pass over a batch,
+  after an optimiser step (asserted: |log ρ| > 0);
+- ragged lengths: the end token's logit is biased at sampling, and the lengths are asserted to
+  differ (so the aggregation modes give different numbers, also asserted);
+- contrast: each case's hyperparameters are set from the captured ratios so that its gate is open
+  on some tokens and shut (or clipped) on others, and both are asserted;
+- no resampling: one step's inputs and weights are captured, and TRL's own loss and the adapter's
+  are evaluated on exactly those, value and gradient, for every loss type that maps;
+- verl: `get_policy_loss_fn(mode)` (verl's own code) against the adapter registered under a name of
+  its own, on fixed tensors with an A < 0 token at ρ = 4, where dual-clip and PPO differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from trl import GRPOConfig, GRPOTrainer
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.workers.config import FSDPActorConfig
+
+import rlgates
+from rlgates import trainers as rt
+from rlgates.trainers import trl as rtrl
+from rlgates.trainers import verl as rverl
+
+WORDS = ["[PAD]", "[EOS]", *"abcdefgh"]
+MAX_LEN = 8
+
+
+def tiny_tokenizer():
+    tk = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="a"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", eos_token="[EOS]")
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
+                      bos_token_id=None, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def reward_words(completions, **kwargs):
+    """More words, more reward; the letter 'a' costs one: rewards vary within a group."""
+    return [len(c.split()) - 2.0 * c.count("a") for c in completions]
+
+
+def config(**kw):
+    base = dict(output_dir="/tmp/rlgates-trl-test", per_device_train_batch_size=8,
+                gradient_accumulation_steps=2, steps_per_generation=2, num_generations=4,
+                max_completion_length=MAX_LEN, num_iterations=2, max_steps=2,
+                learning_rate=5e-2, logging_steps=1, report_to="none", use_cpu=True,
+                save_strategy="no", seed=0, disable_tqdm=True,
+                bf16=False,  # TRL turns bf16 autocast on by default, on the CPU too
+                generation_kwargs={"sequence_bias": {(1,): 1.0}})  # end token: ragged lengths
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+DATA = Dataset.from_dict({"prompt": ["a b c", "d e f", "g h a", "b b c"] * 4})
+
+
+def byo_soft():
+    """A bring-your-own gate: a Gaussian bump around ρ = 1 (f' = exp(−(ρ−1)²/2w²))."""
+    def weight(r, a, w=0.1):
+        return 1 + w * math.sqrt(math.pi / 2) * torch.erf((r - 1) / (w * math.sqrt(2)))
+    return rlgates.byo.make(weight, name="bump_test", w=0.1)
+
+
+@pytest.fixture(scope="module")
+def run():
+    """Two optimiser steps of a real GRPOTrainer with the rlgates adapter and a BYO gate; capture
+    the two micro-batches of the second step (the second pass over the batch: ρ ≠ 1)."""
+    calls, grabbed = [], {}
+
+    class Capture(rtrl.RlgatesGRPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            calls.append(1)
+            if len(calls) == 3:
+                grabbed["state"] = copy.deepcopy(model.state_dict())
+            if len(calls) >= 3:
+                grabbed.setdefault("inputs", []).append(
+                    {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    model = tiny_model()
+    trainer = Capture(model=model, reward_funcs=reward_words, args=config(loss_type="grpo"),
+                      train_dataset=DATA, processing_class=tiny_tokenizer(), method=byo_soft())
+    trainer.train()
+    assert len(calls) == 4  # 2 steps × 2 micro-batches
+    model.load_state_dict(grabbed["state"])
+    return model, grabbed["inputs"], trainer.state.log_history
+
+
+def logps(trainer, model, inputs):
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    out, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att,
+                                                            inputs["completion_ids"].size(1))
+    return out
+
+
+def loss_and_grads(trainer, model, batches, fn=None):
+    model.zero_grad()
+    total = 0.0
+    for inputs in batches:
+        loss = (fn or trainer.compute_loss)(model, inputs)
+        loss.backward()
+        total += loss.item()
+    return total, [p.grad.clone() for p in model.parameters()]
+
+
+def rel_dist(g, h):
+    """‖g − h‖ / ‖h‖ over all parameters' gradients."""
+    num = sum(float((a - b).pow(2).sum()) for a, b in zip(g, h, strict=True))
+    return math.sqrt(num / sum(float(b.pow(2).sum()) for b in h))
+
+
+def make_trainer(cls, model, args, **kw):
+    t = cls(model=model, reward_funcs=reward_words, args=args, train_dataset=DATA,
+            processing_class=tiny_tokenizer(), **kw)
+    t.current_gradient_accumulation_steps = args.gradient_accumulation_steps  # set by train()
+    model.train()
+    return t
+
+
+# --- the real run -----------------------------------------------------------------------------
+def test_run_has_stale_ratios_ragged_lengths_and_logs_the_gate(run):
+    model, batches, log = run
+    lengths = torch.cat([b["completion_mask"].sum(-1) for b in batches])
+    assert lengths.min() < lengths.max() and lengths.min() < MAX_LEN  # ragged, some ended early
+    t = make_trainer(GRPOTrainer, model, config(loss_type="grpo"))
+    with torch.no_grad():
+        for b in batches:
+            lr = (logps(t, model, b) - b["old_per_token_logps"])[b["completion_mask"].bool()]
+            assert lr.abs().max() > 1e-3  # ρ ≠ 1: the gates can act
+    steps = [e for e in log if "rlgates/gate_mean" in e]
+    assert len(steps) == 2 and all(math.isfinite(e["loss"]) for e in steps)
+    assert steps[0]["rlgates/gate_mean"] == pytest.approx(1.0, abs=1e-5)  # first pass: ρ = 1
+    assert steps[1]["rlgates/gate_mean"] < 0.9  # second pass: the bump gate has narrowed
+
+
+# --- TRL's loss against the adapter's, on the captured inputs --------------------------------
+def _ratios(model, batches):
+    t = make_trainer(GRPOTrainer, model, config(loss_type="grpo"))
+    out = []
+    with torch.no_grad():
+        for b in batches:
+            m = b["completion_mask"].bool()
+            lr = logps(t, model, b) - b["old_per_token_logps"]
+            seq = (lr * m).sum(-1) / m.sum(-1).clamp(min=1)
+            adv = b["advantages"][:, None].expand_as(lr)
+            out.append((lr[m & (adv != 0)].exp(), adv[m & (adv != 0)],
+                        seq.exp()[b["advantages"] != 0]))
+    tok = torch.cat([o[0] for o in out])
+    adv = torch.cat([o[1] for o in out])
+    seq = torch.cat([o[2] for o in out])
+    return tok, adv, seq
+
+
+def _between(x, q):
+    """A bound at quantile q of x, half-way between two observed values: no ratio sits exactly
+    on it (at an edge the trainers pass the gradient and rlgates does not)."""
+    x = x.double().sort().values
+    i = min(max(int(q * (len(x) - 1)), 0), len(x) - 2)
+    return float((x[i] + x[i + 1]) / 2)
+
+
+def _case(name, tok, adv, seq):
+    """(loss_type override, method) with bounds placed inside the observed ratios."""
+    d = (tok - 1).abs()
+    eps = _between(d, 0.5)
+    if name == "grpo":
+        return None, rlgates.get("grpo", eps=eps)
+    if name == "bnpo":
+        return "bnpo", rlgates.get("dapo", eps_low=eps, eps_high=eps * 0.8)
+    if name == "dr_grpo":
+        return "dr_grpo", rlgates.get("grpo", eps=eps)
+    if name == "dapo":
+        return None, rlgates.get("dapo", eps_low=eps, eps_high=eps * 1.4)
+    if name == "sapo":
+        tau = 2.0 / eps  # sech²(1) ≈ 0.42 at the median |ρ − 1|
+        return None, rlgates.get("sapo", tau_pos=tau, tau_neg=1.05 * tau)
+    if name == "cispo":
+        return None, rlgates.get("cispo", eps_low=1.0, eps_high=_between(tok[tok > 1] - 1, 0.5))
+    if name == "gspo":
+        e = _between((seq - 1).abs(), 0.5)
+        return None, rlgates.get("gspo", eps_low=e, eps_high=e)
+    if name == "dual_clip":
+        e = _between(d, 0.1)
+        neg = tok[(adv < 0) & (tok > 1 + e)]  # A < 0 tokens the update has pushed up
+        return None, rlgates.get("dual_clip", eps=e, c=_between(neg, 0.5))
+    raise KeyError(name)
+
+
+def _assert_contrast(m, tok, adv, seq):
+    if m.level == "sequence":
+        # one advantage per sequence: the gate sees ρ_s and the sign of A_s
+        g = torch.stack([m.gate(s, torch.tensor(1.0, dtype=s.dtype)) for s in seq] +
+                        [m.gate(s, torch.tensor(-1.0, dtype=s.dtype)) for s in seq])
+    else:
+        g = m.gate(tok, adv)
+    if m.name == "dual_clip":  # some A < 0 tokens past c: shut here, open under PPO
+        assert ((adv < 0) & (tok > m.hparams["c"])).any()
+    if m.name == "sapo":
+        assert (g < 0.5).any() and (g > 0.9).any()
+    elif m.name == "cispo":
+        assert (g < 1).any() and (g == 1).any()  # clipped weights and unclipped ones
+    else:
+        assert (g == 0).any() and (g == 1).any()
+
+
+TRL_CASES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "gspo", "dual_clip"]
+
+
+@pytest.mark.parametrize("case", TRL_CASES)
+def test_trl_loss_equals_adapter(run, case):
+    model, batches, _ = run
+    tok, adv, seq = _ratios(model, batches)
+    loss_type, m = _case(case, tok, adv, seq)
+    _assert_contrast(m, tok, adv, seq)
+    flags = rt.flags(m)["trl"]
+    assert flags is not None
+    if loss_type:
+        flags = {**flags, "loss_type": loss_type}
+    args = config(**flags)
+    ref = make_trainer(GRPOTrainer, model, args)
+    ours = make_trainer(rtrl.RlgatesGRPOTrainer, model, args, method=m)
+    v_ref, g_ref = loss_and_grads(ref, model, batches)
+    v_ours, g_ours = loss_and_grads(ours, model, batches)
+    assert abs(v_ref) > 1e-6
+    # TRL's fused head gives float32 log-probs: agreement to float32 rounding (a gate or
+    # normaliser difference would show at order 1)
+    assert v_ours == pytest.approx(v_ref, rel=1e-6)
+    assert rel_dist(g_ours, g_ref) < 1e-6
+    assert max(float(g.abs().max()) for g in g_ref) > 1e-6
+
+
+def test_aggregations_differ_on_these_lengths(run):
+    """Equal lengths would make every aggregation mode equal: here they are not."""
+    model, batches, _ = run
+    t = make_trainer(GRPOTrainer, model, config())
+    b = batches[0]
+    with torch.no_grad():
+        lp = logps(t, model, b)
+    m = rlgates.get("grpo")
+    args = (lp, b["old_per_token_logps"], b["advantages"], b["completion_mask"])
+    vals = [float(m.loss(*args, agg=a)) for a in ("token-mean", "seq-mean-token-mean")]
+    assert abs(vals[0] - vals[1]) > 1e-4
+
+
+# --- the global normaliser across micro-batches ------------------------------------------------
+def test_global_token_mean_over_micro_batches(run):
+    """Two micro-batches, one optimiser step: TRL's dapo (global token count), the adapter, and
+    rlgates' token-mean of the whole batch give one gradient; a per-micro-batch mean does not."""
+    model, batches, _ = run
+    counts = [int(b["completion_mask"].sum()) for b in batches]
+    assert counts[0] != counts[1]  # otherwise local and global means coincide
+    m = rlgates.get("dapo")
+    args = config(**rt.flags(m)["trl"])
+    ref = make_trainer(GRPOTrainer, model, args)
+    ours = make_trainer(rtrl.RlgatesGRPOTrainer, model, args, method=m)
+    v_ref, g_ref = loss_and_grads(ref, model, batches)
+    v_ours, g_ours = loss_and_grads(ours, model, batches)
+
+    def whole(model, _):
+        full = {k: torch.cat([b[k] for b in batches]) for k in
+                ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
+                 "old_per_token_logps", "advantages")}
+        return m.loss(logps(ours, model, full), full["old_per_token_logps"], full["advantages"],
+                      full["completion_mask"], agg="token-mean")
+
+    v_full, g_full = loss_and_grads(ours, model, [None], fn=whole)
+    n = sum(counts)
+
+    def micro(model, b):  # the per-micro-batch token-mean, averaged over the accumulation steps
+        return rt.loss(m, logps(ours, model, b), b["old_per_token_logps"], b["advantages"],
+                       b["completion_mask"], "token-mean") / 2
+
+    v_local, g_local = loss_and_grads(ours, model, batches, fn=micro)
+
+    assert v_ours == pytest.approx(v_ref, rel=1e-6) and v_full == pytest.approx(v_ref, rel=1e-6)
+    assert rel_dist(g_ours, g_ref) < 1e-6 and rel_dist(g_full, g_ref) < 1e-6
+    assert abs(v_local - v_full) > 1e-3 and rel_dist(g_local, g_full) > 1e-2
+    assert int(batches[0]["num_items_in_batch"]) == n  # TRL's global count: both micro-batches
+
+
+def test_loss_norm_is_a_pure_rescale():
+    g = torch.Generator().manual_seed(1)
+    logp = -torch.rand(5, 6, generator=g, dtype=torch.float64)
+    old = logp + 0.2 * torch.randn(5, 6, generator=g, dtype=torch.float64)
+    adv = torch.randn(5, generator=g, dtype=torch.float64)
+    mask = torch.arange(6)[None] < torch.tensor([6, 2, 0, 4, 5])[:, None]
+    m = rlgates.get("dapo")
+    n = int(mask.sum())
+    assert float(rt.loss(m, logp, old, adv, mask, "token-mean", norm=n)) == pytest.approx(
+        float(m.loss(logp, old, adv, mask, agg="token-mean")), rel=1e-14)
+    halves = [rt.loss(m, logp[s], old[s], adv[s], mask[s], "token-mean", norm=n)
+              for s in (slice(0, 2), slice(2, 5))]
+    assert float(sum(halves)) == pytest.approx(
+        float(m.loss(logp, old, adv, mask, agg="token-mean")), rel=1e-13)
+    with pytest.raises(ValueError):
+        rt.loss(m, logp, old, adv, mask, "token-mean", length=8)
+
+
+def test_adapter_refuses_what_it_does_not_carry():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        make_trainer(rtrl.RlgatesGRPOTrainer, model, config(top_entropy_quantile=0.5),
+                     method="grpo")
+    with pytest.raises(ValueError, match="sequence level"):
+        make_trainer(rtrl.RlgatesGRPOTrainer, model, config(), method="gspo")
+
+
+# --- verl ----------------------------------------------------------------------------------------
+def verl_batch():
+    """Fixed float64 tensors: ragged rows (one empty), A of both signs and 0, an A < 0 token at
+    ρ = 4 (dual-clip shuts it, PPO does not), and ratios on both sides of every bound used."""
+    log_ratio = torch.tensor([
+        [0.05, -0.30, 0.40, 0.10, 0.00, 0.0],
+        [math.log(4.0), 0.10, -0.05, 0.35, 0.0, 0.0],
+        [0.02, -0.01, 0.0, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        [-0.40, 0.25, 0.15, -0.10, 0.30, -0.20],
+        [0.0004, 0.0001, -0.0002, 0.0003, 0.0, 0.0],
+    ], dtype=torch.float64)
+    lengths = torch.tensor([5, 4, 2, 0, 6, 4])
+    mask = torch.arange(6)[None] < lengths[:, None]
+    old = -torch.linspace(0.5, 2.5, 36, dtype=torch.float64).reshape(6, 6)
+    adv = torch.tensor([1.0, -1.5, 0.0, 0.3, -0.8, 1.2], dtype=torch.float64)[:, None]
+    return old + log_ratio, old, adv.expand(6, 6).clone(), mask
+
+
+def actor(**kw):
+    c = FSDPActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=4, **kw)
+    return c
+
+
+def verl_vs_adapter(mode, m, cfg, agg):
+    logp, old, adv, mask = verl_batch()
+    name = rverl.register(m)
+    assert name == f"rlgates_{m.name}" and name != mode
+    results = []
+    for fn in (get_policy_loss_fn(mode), get_policy_loss_fn(name)):
+        lp = logp.clone().requires_grad_(True)
+        loss, metrics = fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                           loss_agg_mode=agg, config=cfg)
+        loss.backward()
+        results.append((loss.detach(), lp.grad, metrics))
+    return results
+
+
+def _verl_config(m, **extra):
+    f = rt.flags(m)["verl"]
+    keys = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "tau_pos", "tau_neg")
+    kw = {k: f[k] for k in keys if k in f}
+    if "clip_ratio_low" in kw:
+        kw["clip_ratio"] = kw["clip_ratio_low"]
+    return f["loss_mode"], f["loss_agg_mode"], actor(**kw, **extra)
+
+
+VERL_CASES = {
+    "dual_clip": rlgates.get("dual_clip"),
+    "ppo": rlgates.get("ppo"),
+    "grpo": rlgates.get("grpo"),
+    "dapo": rlgates.get("dapo", eps_low=0.2, eps_high=0.3),
+    "gspo": rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4),
+    "sapo": rlgates.get("sapo"),
+    "cispo": rlgates.get("cispo", eps_low=0.2, eps_high=0.28),
+}
+
+
+@pytest.mark.parametrize("case", list(VERL_CASES))
+def test_verl_loss_equals_adapter(case):
+    m = VERL_CASES[case]
+    mode, agg, cfg = _verl_config(m)
+    (v_ref, g_ref, _), (v_ours, g_ours, metrics) = verl_vs_adapter(mode, m, cfg, agg)
+    rel = 1e-7 if mode in ("gspo", "sapo") or agg == "seq-mean-token-mean" else 1e-12  # +1e-8
+    assert float(v_ours) == pytest.approx(float(v_ref), rel=rel)
+    torch.testing.assert_close(g_ours, g_ref, rtol=rel, atol=1e-12)
+    assert g_ref.abs().max() > 1e-3
+    # contrast: the gate is shut (or clipped) on some real A ≠ 0 tokens and open on others
+    logp, old, adv, mask = verl_batch()
+    if m.level == "sequence":
+        lr = ((logp - old) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        g = m.gate(lr.exp()[:, None].expand_as(adv), adv)
+    else:
+        g = m.gate((logp - old).exp(), adv)
+    g = g[mask & (adv != 0)]
+    shut = (g < 0.9) if m.name in ("sapo", "cispo") else (g == 0)
+    assert shut.any() and (g == 1).any() if m.name != "sapo" else shut.any() and (g > 0.99).any()
+    assert 0 <= metrics["actor/pg_clipfrac"] <= 1
+
+
+def test_verl_default_is_dual_clip_not_ppo():
+    """verl's vanilla loss at its default clip_ratio_c = 3 is rlgates' dual_clip; with the
+    A < 0 token at ρ = 4 it differs from rlgates' ppo."""
+    logp, old, adv, mask = verl_batch()
+    cfg = actor(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert cfg.clip_ratio_c == 3.0
+    lp = logp.clone().requires_grad_(True)
+    v, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=lp, advantages=adv,
+                                         response_mask=mask, loss_agg_mode="token-mean",
+                                         config=cfg)
+    ppo = rlgates.get("ppo").loss(logp, old, adv, mask, agg="token-mean")
+    dual = rlgates.get("dual_clip").loss(logp, old, adv, mask, agg="token-mean")
+    assert float(v.detach()) == pytest.approx(float(dual), rel=1e-13)
+    assert abs(float(v.detach()) - float(ppo)) > 1e-3
+
+
+def test_verl_global_batch_info():
+    """verl's global normalisers (dp_size, batch_num_tokens, global_batch_size,
+    loss_scale_factor) reach the adapter: each aggregation mode against verl's."""
+    m = rlgates.get("dapo")
+    _, _, cfg = _verl_config(m)
+    cfg.global_batch_info.update(dp_size=2, batch_num_tokens=43, global_batch_size=11,
+                                 loss_scale_factor=16)
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                "seq-mean-token-sum-norm", "token-sum"):
+        (v_ref, g_ref, _), (v_ours, g_ours, _) = verl_vs_adapter("vanilla", m, cfg, agg)
+        assert float(v_ours) == pytest.approx(float(v_ref), rel=1e-7), agg
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-7, atol=1e-12)
+
+
+def test_verl_rollout_correction_weights():
+    """verl's rollout_is_weights multiply each token's loss before aggregation: so in the adapter."""
+    m = rlgates.get("dapo")
+    mode, agg, cfg = _verl_config(m)
+    logp, old, adv, mask = verl_batch()
+    w = torch.linspace(0.5, 2.0, 36, dtype=torch.float64).reshape(6, 6)
+    out = []
+    for fn in (get_policy_loss_fn(mode), get_policy_loss_fn(rverl.register(m))):
+        lp = logp.clone().requires_grad_(True)
+        v, _ = fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                  loss_agg_mode=agg, config=cfg, rollout_is_weights=w)
+        v.backward()
+        out.append((float(v.detach()), lp.grad))
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-12)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-12, atol=1e-14)
+    plain = float(m.loss(logp, old, adv, mask, agg=agg))
+    assert abs(plain - out[0][0]) > 1e-3  # the weights changed the loss
+
+
+def test_verl_conventions_that_differ():
+    """The documented differences, each measured: the edge, GSPO's one-sided +10 clamp."""
+    # edge: ρ = 1.25 exactly, ε = 0.25, A > 0: verl passes the gradient, rlgates does not
+    old = torch.zeros(1, 1, dtype=torch.float64)
+    lp = torch.full((1, 1), math.log(1.25), dtype=torch.float64, requires_grad=True)
+    adv = torch.ones(1, 1, dtype=torch.float64)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    cfg = actor(clip_ratio=0.25, clip_ratio_low=0.25, clip_ratio_high=0.25, clip_ratio_c=10.0)
+    v, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=lp, advantages=adv,
+                                         response_mask=mask, loss_agg_mode="token-mean",
+                                         config=cfg)
+    v.backward()
+    assert float(lp.grad) == pytest.approx(-1.25)
+    ours = rlgates.get("ppo", eps=0.25).expected_grad(lp.detach(), old, adv[:, 0], mask)
+    assert float(ours) == 0.0
+    # GSPO at log ρ_s = 12, A < 0: verl's clamp at +10 stops the gradient, rlgates' ±20 does not
+    lp = torch.full((1, 4), 12.0, dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    adv = -torch.ones(1, 4, dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    v, _ = get_policy_loss_fn("gspo")(old_log_prob=old, log_prob=lp, advantages=adv,
+                                      response_mask=mask, loss_agg_mode="seq-mean-token-mean",
+                                      config=actor(clip_ratio_low=3e-4, clip_ratio_high=4e-4))
+    v.backward()
+    assert float(lp.grad.abs().max()) == 0.0
+    g = rlgates.get("gspo").expected_grad(lp.detach(), old, adv[:, 0], mask,
+                                          agg="seq-mean-token-mean")
+    assert float(g[0, 0]) == pytest.approx(math.exp(12) / 4, rel=1e-12)
+
+
+def test_flag_table_names_every_method():
+    rows = rt.flag_rows()
+    assert [r[0] for r in rows] == rlgates.names()
+    f = rt.flags(rlgates.get("cispo"))
+    assert f["trl"]["epsilon_high"] == 5.0 and f["verl"]["clip_ratio_high"] == 4.0
+    assert rt.flags(rlgates.get("cispo", eps_low=0.2))["trl"] is None  # TRL has no lower clip
+    assert rt.flags(rlgates.get("dual_clip"))["verl"]["clip_ratio_c"] == 3.0
+
+
+# --- TRL's own loss on fixed tensors: the conventions that differ ---------------------------------
+@pytest.fixture(scope="module")
+def probe_model():
+    return tiny_model()
+
+
+def trl_grad(model, logp, old, adv, mask, **flags):
+    """TRL's built-in loss and its gradient with respect to each token's log-prob."""
+    args = config(gradient_accumulation_steps=1, steps_per_generation=1, **flags)
+    t = make_trainer(GRPOTrainer, model, args)
+    leaf = logp.clone().requires_grad_(True)
+    v = rtrl.builtin_loss(t, leaf, old, adv, mask)
+    v.backward()
+    return float(v.detach()), leaf.grad
+
+
+def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo", eps_low=0.2, eps_high=0.3)
+    v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    leaf = logp.clone().requires_grad_(True)
+    ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
+    ours.backward()
+    assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
+    torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+
+
+def test_trl_conventions_that_differ(probe_model):
+    one = torch.ones(1, 1, dtype=torch.bool)
+    zero = torch.zeros(1, 1, dtype=torch.float64)
+    # edges: ρ = 1.25 with ε = 0.25 (exact in binary): TRL passes the gradient, rlgates does not
+    for lr, a in ((math.log(1.25), 1.0), (math.log(0.75), -1.0)):
+        logp = torch.full((1, 1), lr, dtype=torch.float64)
+        adv = torch.tensor([a], dtype=torch.float64)
+        _, g = trl_grad(probe_model, logp, zero, adv, one, loss_type="dapo", epsilon=0.25)
+        assert float(g) == pytest.approx(-math.exp(lr) * a)
+        assert float(rlgates.get("ppo", eps=0.25).expected_grad(logp, zero, adv, one)) == 0.0
+    # no clamp in TRL: an A < 0 token at log ρ = 25 keeps its gradient e^25; rlgates' is 0
+    logp = torch.full((1, 1), 25.0, dtype=torch.float64)
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    _, g = trl_grad(probe_model, logp, zero, adv, one, loss_type="dapo")
+    assert float(g) == pytest.approx(math.exp(25), rel=1e-12)
+    assert float(rlgates.get("ppo").expected_grad(logp, zero, adv, one)) == 0.0
+    # empty rows: TRL's grpo divides by all 6 rows, rlgates by the 5 with tokens
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("grpo")
+    v, _ = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    assert v / float(m.loss(logp, old, adv, mask)) == pytest.approx(5 / 6, rel=1e-12)
+    # dr_grpo: TRL divides by max_completion_length (8), rlgates' mode by the padded width (6)
+    v, _ = trl_grad(probe_model, logp, old, adv, mask, loss_type="dr_grpo", epsilon=0.2)
+    ours = float(m.loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm"))
+    assert v / ours == pytest.approx(5 / 6 * 6 / MAX_LEN, rel=1e-12)
+    assert float(rtrl.trl_loss(m, logp, old, adv, mask, "dr_grpo",
+                               max_completion_length=MAX_LEN)) == pytest.approx(v, rel=1e-12)
+    # CISPO: TRL's epsilon_high=5 is rlgates' eps_high=4 (cap 1 + ε_h); epsilon_high=4 is not
+    logp = torch.tensor([[math.log(8.0), math.log(4.5), 0.1, -2.0]], dtype=torch.float64)
+    old, adv, mask = torch.zeros_like(logp), torch.tensor([1.0], dtype=torch.float64), None
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    c = rlgates.get("cispo")
+    ours = c.expected_grad(logp, old, adv, mask)
+    _, g5 = trl_grad(probe_model, logp, old, adv, mask, loss_type="cispo", epsilon_high=5.0)
+    _, g4 = trl_grad(probe_model, logp, old, adv, mask, loss_type="cispo", epsilon_high=4.0)
+    torch.testing.assert_close(g5, ours, rtol=1e-12, atol=1e-14)
+    assert float((g4 - ours).abs().max()) > 0.1
