@@ -121,11 +121,17 @@ def check() -> None:
     setup()
     env = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
     sh("lint", BIN / "ruff", "check", ".")
+    # chapter code checked like library code: each code cell exported to a .py file, then linted
+    # as one (scripts/export_chapters.py; the duplicate check reads the same files)
+    chapter_code = ROOT / "_build" / "chapter_code"
+    shutil.rmtree(chapter_code, ignore_errors=True)
+    sh("export chapter code", PY, "scripts/export_chapters.py", chapter_code)
+    sh("lint chapter code", BIN / "ruff", "check", chapter_code)
     # the GitHub Actions workflow: syntax, expressions, action inputs, shell scripts (see README)
     sh("lint workflow", BIN / "actionlint", *sorted(ROOT.glob(".github/workflows/*.yml")))
     # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code;
     # the tests of the built reader notebooks run after the book, below
-    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser",
+    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser", "-n", "auto",
        env={**env, "RLGATES_REQUIRE_BOOK": "0"})
     # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
     # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures

@@ -132,14 +132,26 @@ def peak_memory(name, impl, tokens, device, mask_dtype=torch.bool):
 
 
 def slider_redraw_ms(n=20):
+    """Notebook slider (rlgates.explore("dapo")): ms per move within the default axis, ms per move
+    that widens or narrows the log ρ axis (the static frame is redrawn too), and the PNG's size."""
+    import io
+
     import matplotlib
+    from PIL import Image
 
     matplotlib.use("Agg")
     box = rlgates.explore("dapo")
+    slider = box.sliders["eps_high"]
     start = time.perf_counter()
     for i in range(n):
-        box.sliders["eps_high"].value = 0.3 + 0.01 * (i % 10)
-    return (time.perf_counter() - start) / n * 1000
+        slider.value = 0.3 + 0.01 * (i % 10)
+    inside = (time.perf_counter() - start) / n * 1000
+    start = time.perf_counter()
+    for i in range(n // 2):  # beyond the default axis and back: the axis follows the bound
+        slider.value = 4.0 if i % 2 == 0 else 0.3
+    widen = (time.perf_counter() - start) / (n // 2) * 1000
+    size = Image.open(io.BytesIO(box.image.value)).size
+    return inside, widen, size
 
 
 def main(argv=None):
@@ -180,7 +192,9 @@ def main(argv=None):
                     print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} {row[4]:>11.1f} "
                           f"{row[5]:>9.1f} {row[6]:>6.2f} {row[7]:>11.0f} {row[8]:>8.0f} "
                           f"{row[9]:>9.2f}", flush=True)
-    print(f"\nslider redraw (dapo, blitted PNG): {slider_redraw_ms():.1f} ms per move")
+    inside, widen, (w, h) = slider_redraw_ms()
+    print(f"\nslider redraw (dapo, blitted {w}x{h} PNG): {inside:.1f} ms per move, "
+          f"{widen:.1f} ms per move that resizes the log ρ axis")
     try:
         from lab_throughput import lab_throughput
     except ImportError:

@@ -9,8 +9,10 @@ It is installed here, at set-up time, from a package registry and never committe
 2. else PyPI: the wheel django-static-mathjax==<version>.1, which ships the same MathJax build
    (downloaded with pip, not installed; also checked against its pinned SHA-256).
 
-Only the parts a page can load are kept (about 6 MB): the tex-chtml component, its fonts, the TeX
-extensions it may autoload, and the menu and accessibility modules.
+Only the parts a page can load are kept: the startup loader and the components the book's
+MathJax configuration loads (_config.yml: TeX input, CHTML output, assistive MathML; not the
+420 kB context menu), the fonts, the TeX extensions TeX may autoload, and the combined tex-chtml
+component and the other accessibility and menu modules for anyone who configures them back.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ NPM_SHA256 = "1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09"
 PYPI_WHEEL = f"django-static-mathjax=={MATHJAX_VERSION}.1"
 PYPI_SHA256 = "05ad109fd9e5d9d380c76389689b7f523e9ccb7f7a85c1eb962c7564eac7601d"
 #: Paths inside MathJax's es5/ folder that the book serves.
-KEEP = ("tex-chtml.js", "a11y/", "ui/", "input/tex/extensions/", "output/chtml/fonts/woff-v2/",
+KEEP = ("startup.js", "core.js", "input/tex.js", "output/chtml.js", "output/chtml/fonts/tex.js",
+        "tex-chtml.js", "a11y/", "ui/", "input/tex/extensions/", "output/chtml/fonts/woff-v2/",
         "sre/")
 STAMP = MATHJAX_DIR / ".installed"
-ENTRY = MATHJAX_DIR / "tex-chtml.js"
+ENTRY = MATHJAX_DIR / "startup.js"
+#: Files the book's pages load (a copy made before they were kept is installed again).
+REQUIRED = [MATHJAX_DIR / k for k in KEEP if not k.endswith("/")]
 
 
 def _sha256(path: Path) -> str:
@@ -91,7 +96,8 @@ def _from_pypi(tmp: Path, dest: Path) -> str:
 
 
 def installed() -> bool:
-    return ENTRY.is_file() and STAMP.is_file() and STAMP.read_text().startswith(MATHJAX_VERSION)
+    return (all(f.is_file() for f in REQUIRED) and STAMP.is_file()
+            and STAMP.read_text().startswith(MATHJAX_VERSION))
 
 
 def ensure_mathjax(quiet: bool = False) -> Path:
@@ -109,8 +115,9 @@ def ensure_mathjax(quiet: bool = False) -> Path:
             except (OSError, RuntimeError, subprocess.CalledProcessError, ValueError) as err:
                 errors.append(f"{source.__name__[6:]}: {err}")
                 continue
-            if not (staging / "tex-chtml.js").is_file():
-                errors.append(f"{how}: tex-chtml.js missing")
+            missing = [k for k in KEEP if not k.endswith("/") and not (staging / k).is_file()]
+            if missing:
+                errors.append(f"{how}: missing {missing}")
                 continue
             shutil.rmtree(MATHJAX_DIR, ignore_errors=True)
             MATHJAX_DIR.parent.mkdir(parents=True, exist_ok=True)

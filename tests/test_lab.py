@@ -283,3 +283,17 @@ def test_a_single_run_takes_unbatched_tensors():
     assert torch.equal(flat, one.log_probs(tokens[None], prompts[None])[0])
     with pytest.raises(ValueError, match="single run"):
         two.log_probs(tokens, prompts)
+
+
+def test_single_seed_compatibility_and_recomputed_anchor():
+    """train(seed=s) returns one LabResult; recompute_old anchors at π_prox with no weight;
+    a single run's hook sees [B, ...] tensors."""
+    seen = []
+    res = lab.train("ppo", TINY.replace(recompute_old=True), seed=2, lag=2, progress=False,
+                    hook=lambda e, i: seen.append(i) if e == "rollout" else None)
+    assert isinstance(res, lab.LabResult) and res.seed == 2
+    assert res.metrics["is_weight_mean"] == [1.0] * TINY.steps  # no lab weight
+    assert max(res.metrics["log_ratio_absmax"]) < 1.0 and seen[0]["tokens"].dim() == 2
+    assert torch.equal(seen[0]["logp_rollout"], seen[0]["logp_behaviour"])
+    assert all(0 <= v <= 1 for v in res.metrics["gated"])
+    assert all(math.isfinite(v) for v in res.metrics["loss"])

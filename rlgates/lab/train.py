@@ -51,6 +51,7 @@ METRIC_DOC = {
     "entropy": "mean per-token entropy of π on the minibatch tokens (nats)",
     "clipfrac_pos": "share of A > 0 tokens whose gate is exactly zero",
     "clipfrac_neg": "share of A < 0 tokens whose gate is exactly zero",
+    "gated": "share of A ≠ 0 tokens whose gate is exactly zero",
     "pg_clipfrac": "share of tokens clipped (A > 0 above, A < 0 below): verl's name",
     "pg_clipfrac_lower": "share of tokens with A < 0 shut above ρ = 1 (dual clip): verl's name",
     "signal_lost": "share of the aggregated abs(ρ·A) on tokens whose gate is zero",
@@ -58,6 +59,7 @@ METRIC_DOC = {
     "ppo_kl": "mean log π_old − log π of the updated tokens (verl's name)",
     "log_ratio_absmax": "largest abs(log ρ) any update of the step saw",
     "is_weight_mean": "mean behaviour weight min(π_prox/π_behav, C) (1 without one)",
+    "loss": "the method's loss on all the tokens the step's updates used, as they saw them",
     "grad_norm": "mean gradient norm of the step's updates, before clipping",
     "staleness": "mean number of optimiser steps between the behaviour policy and the updated one",
 }
@@ -91,8 +93,9 @@ class LabConfig:
     max_grad_norm: float | None = 1.0  # clip each run's gradient norm (None: no clipping)
     normalize_std: bool = True  # GRPO advantages (False: Dr. GRPO, no division by the std)
     anchor: str = "behaviour"  # ρ against the "behaviour" policy or a "proximal" one
-    is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no truncation)
+    is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no cap)
     correction: object | None = None  # "proximal": the weight rule in place of min(·, is_cap)
+    recompute_old: bool = False  # ratio against π_prox with no lab weight (the loss corrects)
     threads: int | None = 1  # torch CPU threads during a run (restored after); None: as is
     dtype: str = "float32"
     device: str = "cpu"
@@ -228,7 +231,7 @@ def _clip_grad_norm_per_run(params, max_norm):
 
 def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None = None,
           lag: int = 0, agg: str | None = None, progress=True, keep_log_ratios: bool = False,
-          hook=None) -> list[LabResult]:
+          hook=None, seed: int | None = None) -> list[LabResult]:
     """Train one fresh policy per seed with `method`, all seeds at once: [LabResult per seed].
 
     method: a registry name ("dapo") or any object with `.loss(logp, logp_old, adv, mask, agg)`
@@ -242,10 +245,17 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         many steps; False: silent).
     keep_log_ratios: keep, per run and step, the token log ρ and the (gate, A) the updates saw.
     hook: optional hook(event, info), called with ("rollout", {step, version, prompts, tokens,
-        logp_behaviour}) after each rollout and ("update", {update, policy}) after each
-        optimiser step (`update` counts from 1; the policy is then version `update`).
+        logp_behaviour, logp_rollout (the same)}) after each rollout and ("update", {update,
+        policy}) after each optimiser step (`update` counts from 1; the policy is then version
+        `update`). With a single seed the tensors have no runs dimension ([B, ...]).
+    seed: one seed, for `train(method, config, seed=s)`: returns that run's LabResult alone.
     Same seeds, config and arguments → identical metrics (on the same device and torch).
+    `LabConfig(recompute_old=True)` takes the ratio against the proximal policy with no
+    behaviour weight, for a loss that applies its own correction (rlgates.offpolicy).
     """
+    if seed is not None:
+        return train(method, config, [seed], steps, lag, agg, progress, keep_log_ratios,
+                     hook)[0]
     cfg = config or LabConfig.for_device("cpu")
     steps = cfg.steps if steps is None else int(steps)
     seeds = [int(s) for s in seeds]
@@ -301,19 +311,22 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
             rewards = right.float().mean(-1)  # [R, B]
             adv = group_advantages(rewards.view(-1, cfg.group), cfg.normalize_std)
             adv = adv.view_as(rewards).to(logp_behav.dtype)
-            if cfg.anchor == "proximal":  # decoupled PPO: recompute π_prox at the step start
+            logp_old = logp_behav  # the ratio's anchor: behaviour, or π_prox recomputed
+            if cfg.anchor == "proximal" or cfg.recompute_old:
                 logp_old = policy.log_probs(tokens, prompts)
+            is_w = torch.ones_like(logp_behav)  # decoupled PPO's min(π_prox/π_behav, C)
+            if cfg.anchor == "proximal":
                 is_w = (logp_old - logp_behav).exp()
                 is_w = is_w.clamp(max=cfg.is_cap) if cfg.is_cap else is_w
                 if cfg.correction is not None:  # its own rule, on [R·B, T] rows
                     flat = (lambda x: x.flatten(0, 1))
                     is_w = cfg.correction.weight(flat(logp_old), flat(logp_behav), flat(mask))
                     is_w = is_w.view_as(logp_old).to(logp_old.dtype)
-            else:
-                logp_old, is_w = logp_behav, torch.ones_like(logp_behav)
         if hook is not None:
-            hook("rollout", {"step": step, "version": version, "prompts": prompts,
-                             "tokens": tokens, "logp_behaviour": logp_behav})
+            one = (lambda x: x[0]) if R == 1 else (lambda x: x)
+            hook("rollout", {"step": step, "version": version, "prompts": one(prompts),
+                             "tokens": one(tokens), "logp_behaviour": one(logp_behav),
+                             "logp_rollout": one(logp_behav)})
 
         seen = {"idx": [], "logp": [], "entropy": [], "grad_norm": []}
         for _ in range(cfg.epochs):
@@ -354,6 +367,15 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
                 d["entropy"] = torch.where(mb[2], ent, 0).sum((1, 2)) / mb[2].sum((1, 2))
             lr_tok = torch.where(mb[2], logp - mb[0], 0.0)
             n_up = cfg.epochs * cfg.minibatches
+            pos, neg = (mb[2] & (mb[1][..., None] > 0)).sum((1, 2)), (
+                mb[2] & (mb[1][..., None] < 0)).sum((1, 2))
+            gated = ((d["clipfrac_pos"] * pos + d["clipfrac_neg"] * neg)
+                     / (pos + neg).clamp(min=1))
+            w_seen = is_w[runs, idx] if cfg.anchor == "proximal" else None
+            loss_r = torch.stack([m.loss(logp[r], mb[0][r], mb[1][r], mb[2][r], agg)
+                                  if w_seen is None else
+                                  m.loss(logp[r], mb[0][r], mb[1][r], mb[2][r], agg,
+                                         is_weight=w_seen[r]) for r in range(R)])
             row = {
                 "step": torch.full((R,), float(step)),
                 "reward": rewards.mean(-1),
@@ -362,6 +384,8 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
                 "live": (adv != 0).float().mean(-1),
                 "length": mask.sum(-1).float().mean(-1),
                 **{k: d[k] for k in _DIAG},
+                "gated": gated,
+                "loss": loss_r.detach(),
                 "log_ratio_absmax": lr_tok.abs().amax((1, 2)),
                 "is_weight_mean": (torch.where(mask, is_w, 0).sum((1, 2)) / mask.sum((1, 2))),
                 "grad_norm": torch.stack(seen["grad_norm"]).mean(0),

@@ -1,60 +1,27 @@
 /* The gate explorer: gate and learning signal of one method on the (A, log ρ) plane, redrawn in
  * the browser as its hyperparameters move. No kernel, no network.
  *
- * Data (methods, defaults, slider ranges, axis limits, colour map) come from rlgates at build time
- * (rlgates/explorer_data.py -> window.RLGATES_EXPLORER). The gate formulas below mirror
- * rlgates/methods.py; tests/browser checks them against rlgates at sampled points.
+ * Everything comes from rlgates at build time (rlgates/explorer_data.py -> window.RLGATES_EXPLORER):
+ * methods, defaults, slider ranges, axis limits, colour map, and each method's gate as JavaScript
+ * (`Method.explorer`: {"gate": expression in r = ρ, a = A and p = hyperparameters, "bounds":
+ * expression giving [[ratio, side], ...], side +1 for A > 0, -1 for A < 0, 0 for both}).
+ * tests/browser checks the compiled gates against rlgates at sampled points.
  */
 (function () {
   "use strict";
 
-  // ---- the gates: f'(ρ; A), ρ > 0, A real; the same strict/closed edges as rlgates ----------
-  function signClip(low, high) {
-    return function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low) ? 1 : 0; };
-  }
-  function sigmoid(x) { return 1 / (1 + Math.exp(-x)); }
+  const DATA = window.RLGATES_EXPLORER;
 
-  // Each entry: p (hyperparameters) -> {gate(ρ, A), bounds: [[ρ, side]]}, side +1 A>0, -1 A<0, 0 both.
-  const GATES = {
-    ppo: function (p) {
-      const low = 1 - p.eps, high = 1 + p.eps;
-      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
-    },
-    dapo: function (p) {
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: signClip(low, high), bounds: [[high, 1], [low, -1]] };
-    },
-    sao: function (p) {
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: function (r) { return r > low && r < high ? 1 : 0; },
-               bounds: [[high, 0], [low, 0]] };
-    },
-    sapo: function (p) {
-      return {
-        gate: function (r, a) {
-          const s = sigmoid((a > 0 ? p.tau_pos : p.tau_neg) * (r - 1));
-          return 4 * s * (1 - s);
-        },
-        bounds: [],
-      };
-    },
-    dual_clip: function (p) {
-      const low = 1 - p.eps, high = 1 + p.eps, c = p.c;
-      return {
-        gate: function (r, a) { return (a > 0 && r < high) || (a < 0 && r > low && r < c) ? 1 : 0; },
-        bounds: [[high, 1], [low, -1], [c, -1]],
-      };
-    },
-    cispo: function (p) {
-      // f' = clip(ρ, 1−ε_l, 1+ε_h) / ρ: never zero; ε_l = 1 means no lower bound (none drawn)
-      const low = 1 - p.eps_low, high = 1 + p.eps_high;
-      return { gate: function (r) { return Math.min(Math.max(r, low), high) / r; },
-               bounds: low > 0 ? [[high, 0], [low, 0]] : [[high, 0]] };
-    },
-    reinforce: function () { return { gate: function () { return 1; }, bounds: [] }; },
-  };
-  GATES.grpo = GATES.ppo;
-  GATES.gspo = GATES.dapo;
+  // ---- the gates: compiled once from each method's JS expressions ---------------------------
+  const GATES = {};
+  ((DATA && DATA.methods) || []).forEach(function (m) {
+    if (!m.js) return;
+    const gate = new Function("r", "a", "p", '"use strict"; return (' + m.js.gate + ");");
+    const bounds = new Function("p", '"use strict"; return (' + m.js.bounds + ");");
+    GATES[m.name] = function (p) {
+      return { gate: function (r, a) { return gate(r, a, p); }, bounds: bounds(p) };
+    };
+  });
 
   function build(name, params) {
     const make = GATES[name];
@@ -73,7 +40,6 @@
   window.RLGatesExplorer = api;
 
   // ---- drawing ----------------------------------------------------------------------------
-  const DATA = window.RLGATES_EXPLORER;
   const FONT = "12px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
   const SMALL = "9px 'DejaVu Sans', 'Helvetica Neue', Arial, sans-serif";
 
@@ -111,6 +77,36 @@
       cx += widths[k];
     });
     ctx.font = FONT;
+  }
+
+  // Polylines [[A, log ρ], ...] where the gate (an n x n grid, row i = log ρ) crosses 1/2:
+  // per column, linear interpolation between rows; the k-th crossings of neighbouring columns
+  // on the same side of A = 0 are joined. Enough for gates that vary little along A.
+  function halfGateLines(gate, n, advLim, lim) {
+    const lines = [], level = 0.5;
+    [-1, 1].forEach(function (side) {
+      let open = [];
+      for (let j = 0; j < n; j++) {
+        const a = -advLim + (2 * advLim * j) / (n - 1);
+        if (!(a * side > 0)) continue;
+        const ys = [];
+        for (let i = 0; i + 1 < n; i++) {
+          const g0 = gate[i * n + j] - level, g1 = gate[(i + 1) * n + j] - level;
+          if ((g0 < 0) !== (g1 < 0) && g0 !== g1) {
+            const t = g0 / (g0 - g1), l0 = -lim + (2 * lim * i) / (n - 1);
+            ys.push(l0 + (t * 2 * lim) / (n - 1));
+          }
+        }
+        const next = ys.map(function (y, k) {
+          const line = k < open.length ? open[k] : [];
+          if (k >= open.length) lines.push(line);
+          line.push([a, y]);
+          return line;
+        });
+        open = next;
+      }
+    });
+    return lines.filter(function (l) { return l.length > 1; });
   }
 
   function Panel(canvas, kind) {
@@ -163,6 +159,17 @@
       const xb = bd[1] === -1 ? 0 : DATA.adv_lim;
       ctx.beginPath(); ctx.moveTo(X(xa), Y(l)); ctx.lineTo(X(xb), Y(l)); ctx.stroke();
     });
+    // a smooth gate has no clip bounds: dash where it has fallen to one half (as rlgates.plane
+    // does), found on the grid separately for A < 0 and A > 0
+    this.halfLines = [];
+    if (!s.bounds.length) {
+      this.halfLines = halfGateLines(s.gate, n, DATA.adv_lim, s.lim);
+      this.halfLines.forEach(function (line) {
+        ctx.beginPath();
+        line.forEach(function (pt, k) { if (k) ctx.lineTo(X(pt[0]), Y(pt[1])); else ctx.moveTo(X(pt[0]), Y(pt[1])); });
+        ctx.stroke();
+      });
+    }
     ctx.setLineDash([]);
     // frame, ticks, labels
     ctx.strokeStyle = "#000000"; ctx.lineWidth = 1;
@@ -172,9 +179,13 @@
       ctx.beginPath(); ctx.moveTo(X(a), b.y1); ctx.lineTo(X(a), b.y1 + 4); ctx.stroke();
       ctx.textAlign = "center"; ctx.fillText(fmt(a * DATA.adv_lim), X(a), b.y1 + 12);
     });
+    // ticks k·step for integer k (a running sum t += step drifts and can lose the end ticks)
     const step = niceStep(2 * s.lim, 4);
-    for (let t = Math.ceil(-s.lim / step) * step; t <= s.lim + 1e-12 * s.lim; t += step) {
-      const tv = Math.abs(t) < step * 1e-9 ? 0 : t;
+    const k0 = Math.ceil(-s.lim / step - 1e-9), k1 = Math.floor(s.lim / step + 1e-9);
+    this.yticks = [];
+    for (let k = k0; k <= k1; k++) {
+      const tv = k === 0 ? 0 : k * step;
+      this.yticks.push(fmt(tv));
       ctx.beginPath(); ctx.moveTo(b.x0 - 4, Y(tv)); ctx.lineTo(b.x0, Y(tv)); ctx.stroke();
       ctx.textAlign = "right"; ctx.fillText(fmt(tv), b.x0 - 6, Y(tv));
     }
@@ -204,13 +215,12 @@
     ctx.fillText(this.kind === "gate" ? "A<0 open  ↔  A>0 open" : "discourage  ↔  encourage", 0, 0);
     ctx.restore();
   };
-  Panel.prototype.at = function (ev, s) {
+  // where an event falls in the plot box, as fractions [fx, fy] (0..1, fy = 0 at the top)
+  Panel.prototype.at = function (ev) {
     const r = this.canvas.getBoundingClientRect(), b = this.box;
     const x = ev.clientX - r.left, y = ev.clientY - r.top;
     if (x < b.x0 || x > b.x1 || y < b.y0 || y > b.y1) return null;
-    const a = -DATA.adv_lim + ((x - b.x0) / (b.x1 - b.x0)) * 2 * DATA.adv_lim;
-    const l = s.lim - ((y - b.y0) / (b.y1 - b.y0)) * 2 * s.lim;
-    return [a, l];
+    return [(x - b.x0) / (b.x1 - b.x0), (y - b.y0) / (b.y1 - b.y0)];
   };
 
   // ---- the widget ---------------------------------------------------------------------------
@@ -227,6 +237,29 @@
   function prettify(text) {
     const esc = text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     return esc.replace(/([A-Za-zα-ωΑ-Ω])_([A-Za-z0-9]+)/g, "$1<sub>$2</sub>");
+  }
+  // A slider's track. Where the default sits in the first 15 % of a wide range (DAPO's ε_h: 0 to
+  // 6, default 0.28) the track is a power law that puts the default near 40 % of its length, so
+  // that one pixel near the default is about one step; elsewhere it is linear. Values snap to
+  // the step; the arrow keys move by exactly one step either way.
+  const TRACK = 1000;
+  function sliderScale(p) {
+    const lo = p.range[0], hi = p.range[1], step = p.range[2];
+    const snap = function (v) {
+      const k = Math.round((Math.min(hi, Math.max(lo, v)) - lo) / step);
+      return parseFloat(Math.min(hi, lo + k * step).toPrecision(12));
+    };
+    const frac = (p.default - lo) / (hi - lo);
+    if (!(frac > 0 && frac < 0.15)) {
+      return { min: lo, max: hi, step: step, toValue: function (u) { return snap(+u); },
+               toPos: function (v) { return v; }, snap: snap };
+    }
+    const k = Math.log(frac) / Math.log(0.4);
+    return {
+      min: 0, max: TRACK, step: 1, snap: snap,
+      toValue: function (u) { return snap(lo + (hi - lo) * Math.pow(u / TRACK, k)); },
+      toPos: function (v) { return TRACK * Math.pow(Math.max(0, (v - lo) / (hi - lo)), 1 / k); },
+    };
   }
   function linspace(a, b, n) {
     const out = new Float64Array(n);
@@ -302,14 +335,26 @@
     m.params.forEach(function (p) {
       self.values[p.key] = p.default;
       const id = "gx-" + p.key, out = el("output", { for: id, class: "gx-value" });
-      const input = el("input", { type: "range", id: id, min: p.range[0], max: p.range[1],
-        step: p.range[2], value: p.default, "data-param": p.key });
-      input.value = String(p.default);
+      const sc = sliderScale(p);
+      const input = el("input", { type: "range", id: id, min: sc.min, max: sc.max,
+        step: sc.step, "data-param": p.key });
+      input.value = String(sc.toPos(p.default));
       out.textContent = fmt(p.default);
-      input.addEventListener("input", function () {
-        self.values[p.key] = parseFloat(input.value);
-        out.textContent = fmt(self.values[p.key]);
+      const set = function (v) {
+        self.values[p.key] = v;
+        out.textContent = fmt(v);
+        input.setAttribute("aria-valuetext", fmt(v));
         self.schedule();
+      };
+      input.setAttribute("aria-valuetext", fmt(p.default));
+      input.addEventListener("input", function () { set(sc.toValue(input.value)); });
+      input.addEventListener("keydown", function (ev) {
+        const dir = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[ev.key];
+        if (!dir) return;
+        ev.preventDefault();
+        const v = sc.snap(self.values[p.key] + dir * p.range[2]);
+        input.value = String(sc.toPos(v));
+        set(v);
       });
       self.sliders.appendChild(el("div", { class: "gx-slider" }, [
         el("label", { for: id, html: p.label }), input, out]));
@@ -326,6 +371,10 @@
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       const node = this.info;
       MathJax.startup.promise.then(function () { return MathJax.typesetPromise([node]); })
+        .then(function () {  // a wide formula shrinks to fit (the book's _static/book.js)
+          const mj = node.querySelector(".gx-formula mjx-container");
+          if (mj && window.RLGatesBook) window.RLGatesBook.fit(mj, mj.parentElement);
+        })
         .catch(function (err) { console.error("MathJax:", err); });
     }
     this.signalMax = null; // recomputed below at the defaults: the colour scale stays put
@@ -354,12 +403,14 @@
     this.extended = lim > m.log_ratio_lim;
     this.lim = lim;
     const adv = linspace(-DATA.adv_lim, DATA.adv_lim, n), logr = linspace(-lim, lim, n);
+    this.gate = new Float64Array(n * n);
     this.signedGate = new Float64Array(n * n);
     this.signal = new Float64Array(n * n);
     for (let i = 0; i < n; i++) {
       const r = Math.exp(logr[i]);
       for (let j = 0; j < n; j++) {
         const a = adv[j], f = g.gate(r, a);
+        this.gate[i * n + j] = f;
         this.signedGate[i * n + j] = (a > 0 ? 1 : a < 0 ? -1 : 0) * f;
         this.signal[i * n + j] = f * r * a;
       }
@@ -367,7 +418,8 @@
   };
   Explorer.prototype.draw = function () {
     const s = {
-      method: this.method, lim: this.lim, bounds: this.bounds, signedGate: this.signedGate,
+      method: this.method, lim: this.lim, bounds: this.bounds, gate: this.gate,
+      signedGate: this.signedGate,
       signal: this.signal, signalMax: this.signalMax, rgb: this.rgb,
     };
     this.panels.forEach(function (p) { p.draw(s); });
@@ -379,17 +431,28 @@
       (this.bounds.length ? "; dashed lines at ρ = " + this.bounds.map(function (b) { return fmt(b[0]); }).join(", ") : "");
     this.canvases[0].setAttribute("aria-label", "Gate of " + desc);
     this.canvases[1].setAttribute("aria-label", "Learning signal of " + desc);
+    this.updateReadout();
     this.note.textContent = this.extended
       ? "The log ρ axis was widened (to ±" + fmt(this.lim) + ") so that every clip bound stays in view."
       : "";
   };
   Explorer.prototype.hover = function (ev, k) {
-    const s = { lim: this.lim }, pt = this.panels[k].at(ev, s);
-    if (!pt) return;
-    const r = Math.exp(pt[1]), f = api.gate(this.method.name, this.values, r, pt[0]);
-    this.readout.textContent = "A = " + fmt(pt[0]) + ", log ρ = " + fmt(pt[1]) + " (ρ = " + fmt(r) +
-      "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * pt[0]) +
-      (f === 0 && pt[0] !== 0 ? " — this token gets no gradient." : "");
+    const at = this.panels[k].at(ev);
+    if (!at) return;
+    this.pointer = at;
+    this.updateReadout();
+  };
+  // The values under the pointer, for the current method, sliders and axes: called on every
+  // hover and every redraw, so it never shows a previous method's (or slider's) numbers.
+  Explorer.prototype.updateReadout = function () {
+    if (!this.pointer) return;
+    const a = -DATA.adv_lim + this.pointer[0] * 2 * DATA.adv_lim;
+    const l = this.lim - this.pointer[1] * 2 * this.lim;
+    const r = Math.exp(l), f = api.gate(this.method.name, this.values, r, a);
+    this.readout.textContent = this.method.title + " at A = " + fmt(a) + ", log ρ = " + fmt(l) +
+      " (ρ = " + fmt(r) + "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * a) +
+      (f === 0 && a !== 0 ? " — this token gets no gradient." : "");
+    this.readoutAt = [a, l];
   };
 
   function start() {

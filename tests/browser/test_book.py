@@ -114,7 +114,9 @@ def test_no_page_references_an_external_asset(book_dir):
 
 
 def test_mathjax_is_served_by_the_book(book_dir):
-    assert (book_dir / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    for part in ("startup.js", "core.js", "input/tex.js", "output/chtml.js",
+                 "output/chtml/fonts/tex.js", "a11y/assistive-mml.js"):
+        assert (book_dir / "_static" / "mathjax" / part).is_file(), part
     assert list((book_dir / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2")
                 .glob("MathJax_Main-Regular.woff"))
 
@@ -176,6 +178,8 @@ def broken_links(book_dir: Path, base_url: str, seen: dict) -> list[str]:
             if not target.is_file():
                 bad.append(f"{rel}: broken link {href} (no {path})")
                 continue
+            if path == "explorer.html" and unquote(u.fragment) in explorer_methods():
+                continue  # explorer.html#sapo opens the explorer at SAPO (the {explorer} role)
             if u.fragment and path.endswith(".html"):
                 ids = seen[path]["ids"] if path in seen else re.findall(
                     r'\bid="([^"]+)"', target.read_text(errors="replace"))
@@ -383,8 +387,9 @@ def test_explorer_slider_redraws(explorer):
     explorer.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
     after = _canvases(explorer)
     assert before[0] != after[0] and before[1] != after[1]
+    step = _param("dapo", "eps_high")["range"][2]
     assert explorer.evaluate("() => window.RLGatesExplorer.explorer.values.eps_high") == \
-        pytest.approx(0.43)
+        pytest.approx(0.28 + 15 * step)
     assert explorer.text_content(".gx-code") != code_before
     # every method draws something non-blank, and its sliders exist
     for name in explorer_methods():
@@ -446,3 +451,124 @@ def test_screenshots_phone_and_dark(book_dir, base_url, offline):
         tab.page.close()
         problems += [f"blocked: {u}" for u in ctx.blocked]
     assert not problems, "\n".join(problems)
+
+
+# ---- the explorer's readout, ticks, half-gate line, fine slider ------------------------------
+def _param(name: str, key: str) -> dict:
+    from rlgates.explorer_data import method_entry
+
+    return next(p for p in method_entry(name)["params"] if p["key"] == key)
+
+
+def _hover(page, panel: str, a: float, log_ratio: float):
+    """Move the mouse to (A, log ρ) on a panel ("gate" or "signal"); returns the readout text."""
+    x, y = page.evaluate("""([k, a, l]) => {
+      const X = window.RLGatesExplorer.explorer, p = X.panels[k];
+      p.canvas.scrollIntoView({block: "center"});
+      const r = p.canvas.getBoundingClientRect();
+      return [r.left + p.X(a), r.top + p.Y(l)];
+    }""", [0 if panel == "gate" else 1, a, log_ratio])
+    page.mouse.move(x, y)
+    return page.text_content(".gx-readout")
+
+
+def _settle(page):
+    page.wait_for_function("() => !window.RLGatesExplorer.explorer.pending")
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+
+
+def _readout_matches_rlgates(page):
+    """The readout names the current method and shows rlgates' gate and signal at its point."""
+    state = page.evaluate("""() => { const X = window.RLGatesExplorer.explorer;
+      return {name: X.method.name, title: X.method.title, values: X.values, at: X.readoutAt,
+              text: X.readout.textContent}; }""")
+    a, lr = state["at"]
+    m = rlgates.get(state["name"], **state["values"])
+    r, av = torch.tensor(math.exp(lr), dtype=torch.float64), torch.tensor(a, dtype=torch.float64)
+    gate, sig = float(m.gate(r, av)), float(m.signal(r, av))
+    text = state["text"].replace("−", "-")
+    got = dict(re.findall(r"(gate f′|signal f′·ρ·A) = (-?[0-9.e+-]+)", text))
+    assert state["text"].startswith(state["title"] + " at "), state
+    for key, want in (("gate f′", gate), ("signal f′·ρ·A", sig)):
+        # shown to 3 significant digits (2 in exponent form, below 1e-4)
+        rel = 5e-3 if abs(want) >= 1e-4 else 5e-2
+        assert float(got[key]) == pytest.approx(want, rel=rel, abs=1e-12), (state, key, want)
+    assert ("no gradient" in text) == (gate == 0 and a != 0), state
+    return gate
+
+
+def test_explorer_readout_follows_method_and_sliders(explorer):
+    """Hover, then change the method and a slider without moving the mouse: the readout is
+    recomputed each time (it used to keep the previous method's numbers)."""
+    explorer.select_option("#gx-method", "sao")
+    text = _hover(explorer, "gate", 0.5, -1.5)  # below SAO's window: shut
+    assert "SAO at" in text and _readout_matches_rlgates(explorer) == 0
+    # the same pixel on SAPO's axes (log ρ ±3, not ±2): its gate is about 0.8 there
+    explorer.select_option("#gx-method", "sapo")
+    _settle(explorer)
+    assert _readout_matches_rlgates(explorer) > 0.05
+    before = explorer.text_content(".gx-readout")
+    slider = explorer.locator("#gx-tau_pos")
+    slider.focus()
+    for _ in range(6):
+        slider.press("ArrowRight")
+    _settle(explorer)
+    assert explorer.text_content(".gx-readout") != before
+    _readout_matches_rlgates(explorer)
+    # and the signal panel reads the same point
+    _hover(explorer, "signal", -0.4, -0.3)
+    _readout_matches_rlgates(explorer)
+
+
+def test_explorer_ticks_and_half_gate_line(explorer):
+    """Both end ticks of the log ρ axis are labelled; a smooth gate (SAPO) gets its dashed line
+    where the gate is 1/2, per side of A = 0, at rlgates' ρ; hard gates get none."""
+    explorer.select_option("#gx-method", "ppo")
+    _settle(explorer)
+    ticks = explorer.evaluate("() => window.RLGatesExplorer.explorer.panels[0].yticks")
+    assert ticks[0] == "−0.6" and ticks[-1] == "0.6", ticks
+    assert explorer.evaluate("() => window.RLGatesExplorer.explorer.panels[0].halfLines.length") == 0
+    explorer.select_option("#gx-method", "sapo")
+    _settle(explorer)
+    lines = explorer.evaluate("() => window.RLGatesExplorer.explorer.panels[0].halfLines")
+    m = rlgates.get("sapo")
+    # sech²(x/2) = 1/2 at |x| = 2·acosh(√2); x = τ(ρ − 1), τ by the sign of A
+    want = {+1: [math.log1p(s * 2 * math.acosh(math.sqrt(2)) / m.hparams["tau_pos"]) for s in (-1, 1)
+                 if 1 + s * 2 * math.acosh(math.sqrt(2)) / m.hparams["tau_pos"] > 0],
+            -1: [math.log1p(s * 2 * math.acosh(math.sqrt(2)) / m.hparams["tau_neg"]) for s in (-1, 1)
+                 if 1 + s * 2 * math.acosh(math.sqrt(2)) / m.hparams["tau_neg"] > 0]}
+    lim = explorer.evaluate("() => window.RLGatesExplorer.explorer.lim")
+    got = {+1: [], -1: []}
+    for line in lines:
+        side = 1 if line[0][0] > 0 else -1
+        assert all((pt[0] > 0) == (side > 0) for pt in line), "a line crosses A = 0"
+        got[side].append(sum(pt[1] for pt in line) / len(line))
+    for side in (1, -1):
+        expected = sorted(v for v in want[side] if abs(v) < lim)
+        assert expected, side
+        assert sorted(got[side]) == pytest.approx(expected, abs=2 * lim / 200), (side, got, want)
+
+
+def test_explorer_eps_high_has_fine_control(explorer):
+    """DAPO's ε_h: its default sits well inside the slider's track, a few pixels of drag near
+    the default move it by about one step, and the arrow keys by exactly one step."""
+    step = _param("dapo", "eps_high")["range"][2]
+    explorer.select_option("#gx-method", "dapo")
+    _settle(explorer)
+    got = explorer.evaluate("""() => {
+      const s = document.querySelector('#gx-eps_high'), X = window.RLGatesExplorer.explorer;
+      const out = {frac: (+s.value - +s.min) / (+s.max - +s.min), px: s.getBoundingClientRect().width};
+      const start = +s.value;
+      s.value = String(start + (+s.max - +s.min) * 3 / out.px);  // three pixels to the right
+      s.dispatchEvent(new Event('input'));
+      out.moved = X.values.eps_high;
+      return out;
+    }""")
+    assert 0.2 < got["frac"] < 0.6, got
+    assert 0.28 < got["moved"] <= 0.28 + 3 * max(step, 0.01) + 1e-9, got
+    slider = explorer.locator("#gx-eps_high")
+    slider.focus()
+    slider.press("ArrowLeft")
+    _settle(explorer)
+    assert explorer.evaluate("() => window.RLGatesExplorer.explorer.values.eps_high") == \
+        pytest.approx(got["moved"] - step)

@@ -1,0 +1,133 @@
+/* Site-wide script (Jupyter Book adds every .js in _static/ to every page). Keep it small.
+ *
+ * 1. Wide math fits its column: once MathJax has typeset the page (and on resize), a display
+ *    equation wider than the column is scaled down, to at most MIN_SCALE; beyond that it scrolls.
+ * 2. Table 1 (rlgates.table(), laid out as a grid by book.css) stacks f and f' under the method's
+ *    name when side by side they would not fit, instead of cutting a formula.
+ * 3. Search results: the excerpt under each hit is read from the page's article text, with TeX
+ *    source turned into readable symbols, not from the sidebar or raw LaTeX.
+ */
+(function () {
+  "use strict";
+  var MIN_SCALE = 0.75;
+  var TABLE1 = ".bd-article .cell_output table";
+
+  function isTable1(t) {
+    var head = t.querySelectorAll(":scope > thead > tr > th");
+    return head.length === 4 && !!t.querySelector("td:nth-child(3) .math");
+  }
+
+  // the natural width of a formula: scrollWidth for a display box, the box itself when inline
+  function width(el) { return Math.max(el.scrollWidth, el.getBoundingClientRect().width); }
+
+  function fit(el, box) {
+    el.style.fontSize = "";
+    var need = Math.max(width(el), box === el ? 0 : box.scrollWidth), have = box.clientWidth;
+    if (need > have + 1 && have > 0) {
+      el.style.fontSize = (100 * Math.max(MIN_SCALE, (have - 2) / need)).toFixed(1) + "%";
+    }
+  }
+
+  function layout() {
+    document.querySelectorAll(TABLE1).forEach(function (t) {
+      if (!isTable1(t)) return;
+      t.classList.add("rlg-table1");
+      t.classList.remove("rlg-stacked");
+      var wide = t.scrollWidth > t.clientWidth + 1;
+      t.querySelectorAll("td mjx-container").forEach(function (m) {
+        m.style.fontSize = "";
+        if (width(m) > m.closest("td").clientWidth + 1) wide = true;
+      });
+      if (wide) t.classList.add("rlg-stacked");
+      t.querySelectorAll("td mjx-container").forEach(function (m) { fit(m, m.closest("td")); });
+    });
+    document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach(function (m) {
+      if (!m.closest("table")) fit(m, m);
+    });
+  }
+
+  // lay out again when a formula changes size (MathJax's fonts arrive after its first pass)
+  var pending = false, observer = null;
+  function schedule() {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(function () { pending = false; layout(); });
+  }
+  function observe() {
+    if (!window.ResizeObserver || observer) return;
+    observer = new ResizeObserver(schedule);
+    document.querySelectorAll('.bd-article mjx-container, .bd-article table.rlg-table1 td')
+      .forEach(function (e) { observer.observe(e); });
+  }
+
+  function whenTypeset() {
+    var mj = window.MathJax;
+    var ready = mj && mj.startup && mj.startup.promise ? mj.startup.promise : Promise.resolve();
+    ready.then(function () { layout(); observe(); })
+      .catch(function () { /* MathJax reports its own errors */ });
+    if (document.fonts && document.fonts.ready) document.fonts.ready.then(schedule);
+    window.addEventListener("load", schedule);
+    var timer = null, width = window.innerWidth;
+    window.addEventListener("resize", function () {
+      if (window.innerWidth === width) return;
+      width = window.innerWidth;
+      clearTimeout(timer);
+      timer = setTimeout(layout, 150);
+    });
+  }
+
+  // ---- search excerpts ----------------------------------------------------------------------
+  var SYMBOLS = {
+    alpha: "α", beta: "β", gamma: "γ", delta: "δ", epsilon: "ε", varepsilon: "ε", eta: "η",
+    theta: "θ", kappa: "κ", lambda: "λ", mu: "μ", pi: "π", rho: "ρ", sigma: "σ", tau: "τ",
+    phi: "φ", chi: "χ", psi: "ψ", omega: "ω", Delta: "Δ", Sigma: "Σ", Pi: "Π", nabla: "∇",
+    cdot: "·", times: "×", le: "≤", leq: "≤", ge: "≥", geq: "≥", ne: "≠", neq: "≠",
+    approx: "≈", to: "→", rightarrow: "→", infty: "∞", sum: "Σ", prod: "Π", in: "∈",
+    pm: "±", partial: "∂", log: "log", exp: "exp", min: "min", max: "max", quad: " ",
+    mid: "|", ldots: "…", cdots: "⋯", dots: "…", sim: "∼", propto: "∝", sqrt: "√", prime: "′",
+  };
+  // TeX source as plain text: "\nabla_\theta J" -> "∇_θ J"; environments and spacing dropped
+  function texToText(tex) {
+    return tex
+      .replace(/\\\\/g, " ")
+      .replace(/\\[()[\]]/g, " ")
+      .replace(/\\(begin|end)\{[^}]*\}/g, " ")
+      .replace(/\\(?:mathrm|text|mathbf|operatorname|mathbb|mathcal|boldsymbol)\{([^}]*)\}/g, "$1")
+      .replace(/\\frac\{([^{}]*)\}\{([^{}]*)\}/g, "($1)/($2)")
+      .replace(/\\tag\*?\{([^}]*)\}/g, " ($1)")
+      .replace(/\\([A-Za-z]+)/g, function (_, name) { return SYMBOLS[name] || ""; })
+      .replace(/\\[,;:!> ]|&/g, " ")
+      .replace(/[{}]/g, "")
+      .replace(/\s+/g, " ");
+  }
+  function articleText(htmlString, anchor) {
+    var doc = new DOMParser().parseFromString(htmlString, "text/html");
+    doc.querySelectorAll(".headerlink, script, style, .bd-sidebar-secondary, .bd-header-article, " +
+      ".prev-next-area, .bd-footer-article, nav, .cell_input, .copybtn").forEach(function (e) {
+      e.remove();
+    });
+    doc.querySelectorAll(".math").forEach(function (e) {
+      e.textContent = " " + texToText(e.textContent) + " ";
+    });
+    var root = doc.querySelector("article.bd-article") || doc.querySelector('[role="main"]');
+    if (anchor && root) {
+      var part = root.querySelector(anchor);
+      if (part) return part.textContent.replace(/\s+/g, " ");
+    }
+    return root ? root.textContent.replace(/\s+/g, " ") : "";
+  }
+  function patchSearch() {
+    /* global Search */
+    if (typeof Search === "undefined" || !Search.htmlToText || Search.rlgatesPatched) return;
+    Search.htmlToText = articleText;
+    Search.rlgatesPatched = true;
+  }
+  window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout, fit: fit };
+
+  patchSearch();
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { patchSearch(); whenTypeset(); });
+  } else {
+    whenTypeset();
+  }
+})();

@@ -1,0 +1,66 @@
+"""Notebook sliders (rlgates.explore) and the inline figure format set by rlgates.setup."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import rlgates  # noqa: E402
+from rlgates.interactive import axis_lim  # noqa: E402
+from rlgates.notebook import IMAGE_SCALE, figure_png, smallest_text_pt  # noqa: E402
+
+pytest.importorskip("ipywidgets")
+
+
+def test_axis_lim_keeps_every_bound_in_view():
+    base = 0.6
+    assert axis_lim(rlgates.get("ppo"), base) == base  # 1 ± 0.2 is inside ±0.6
+    wide = rlgates.get("ppo", eps=0.46)  # log(0.54) = -0.62: just outside
+    assert axis_lim(wide, base) == pytest.approx(1.15 * abs(math.log(0.54)))
+    assert axis_lim(rlgates.get("sapo"), 3.0) == 3.0  # no hard bounds
+
+
+def test_explore_axis_follows_the_bounds_and_comes_back():
+    """Moving DAPO's ε_h past the axis widens it (and says so); moving it back restores it."""
+    from PIL import Image
+
+    box = rlgates.explore("dapo")
+    panels, slider = box.panels, box.sliders["eps_high"]
+    base = panels.lim
+    slider.value = slider.max
+    want = 1.15 * math.log(1 + slider.max)
+    if want > base:
+        assert panels.lim == pytest.approx(want)
+        assert all(ax.get_ylim()[1] == pytest.approx(want) for ax in panels.axes)
+        assert "widened" in box.children[1].value
+    slider.value = 0.28
+    assert panels.lim == pytest.approx(base)
+    assert box.children[1].value == ""
+    # drawn at IMAGE_SCALE x the figure's dpi, shown at its 100-dpi size
+    w, _h = Image.open(io.BytesIO(box.image.value)).size
+    css = int(box.image.width.removesuffix("px"))
+    assert w == pytest.approx(css * IMAGE_SCALE, abs=2)
+
+
+def test_figure_png_records_size_and_smallest_text():
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    pytest.importorskip("IPython")
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], label="line")
+    ax.legend(fontsize=7)
+    assert smallest_text_pt(fig) == 7
+    data, meta = figure_png(fig)
+    plt.close(fig)
+    im = Image.open(io.BytesIO(data))
+    assert im.mode == "P"  # a palette PNG (rlgates.notebook.PNG_COLOURS)
+    assert im.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # the white face stays white
+    assert im.text["rlgates:min-font-pt"] == "7"
+    assert float(im.text["rlgates:px-per-inch"]) == pytest.approx(100 * IMAGE_SCALE)
+    assert meta["width"] == pytest.approx(im.size[0] / IMAGE_SCALE, abs=1)
