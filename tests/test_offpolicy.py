@@ -89,6 +89,14 @@ def test_on_policy_weight_is_one(kind, level):
     assert torch.equal(w[mask], torch.ones_like(w[mask]))
 
 
+def test_unweighted_is_one_on_real_tokens():
+    logp, logp_old, _, mask = make_batch(seed=9, scale=0.8)
+    w = op.Unweighted().weight(logp, logp_old, mask)
+    assert torch.equal(w, mask.to(w.dtype)) and w.dtype == logp.dtype
+    with pytest.raises(ValueError, match="must both be"):
+        op.Unweighted().weight(logp, logp_old[:, :-1])
+
+
 def test_weight_carries_no_gradient():
     logp, logp_old, adv, mask = make_batch(seed=3)
     leaf = logp.clone().requires_grad_(True)
