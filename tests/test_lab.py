@@ -78,6 +78,15 @@ def test_per_run_grad_clip_and_summed_loss_per_run():
         expect = sum(Weighted().loss(logp[r], old[r], adv[r], mask[r], agg, isw[r])
                      for r in range(R))
         assert torch.allclose(total, expect, atol=1e-12), agg
+    for name in ("ppo", "gspo", "cispo", "sapo"):  # the metric's one-pass per-run loss
+        m = rlgates.get(name)
+        for agg in rlgates.AGG_MODES:
+            for w in (None, isw):
+                got = lab.train_module.per_run_loss(m, logp, old, adv, mask, agg, w)
+                kw = [{} if w is None else {"is_weight": w[r]} for r in range(R)]
+                want = torch.stack([m.loss(logp[r], old[r], adv[r], mask[r], agg, **kw[r])
+                                    for r in range(R)])
+                assert torch.allclose(got, want.detach(), atol=1e-12), (name, agg)
     p = torch.nn.Parameter(torch.zeros(2, 3))
     p.grad = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
     norm = lab.train_module._clip_grad_norm_per_run([p], 1.0)

@@ -35,7 +35,7 @@ from .. import _numerics as nx
 from ..advantages import group_advantages
 from ..devices import on_accelerator
 from ..diagnostics import step_stats, token_gates
-from ..methods import get
+from ..methods import Method, get
 from ..policy import LabPolicy
 from .task import PatternTask
 
@@ -174,6 +174,35 @@ def default_agg(method) -> str:
     return getattr(resolve(method), "agg", None) or "token-mean"
 
 
+def _run_scale(mask, agg):
+    """[R]: N / N_r, the factor between run r's aggregation weight and the merged batch's."""
+    count = mask.sum((1, 2)) if agg == "token-mean" else (mask.sum(-1) > 0).sum(-1)
+    count = count.to(torch.float64)
+    return count.sum() / count.clamp(min=1)
+
+
+@torch.no_grad()
+def per_run_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
+    """[R]: each run's m.loss on its own rows of [R, b, T] inputs (a metric, no gradient).
+
+    For an rlgates Method, in one pass: its per-token objective on the merged rows, weighted by
+    each run's own aggregation weight (equal to m.loss run by run, tested); for any other
+    object, m.loss run by run."""
+    R = logp.shape[0]
+    if not isinstance(m, Method):
+        kw = [{} if is_weight is None else {"is_weight": is_weight[r]} for r in range(R)]
+        return torch.stack([m.loss(logp[r], logp_old[r], adv[r], mask[r], agg, **kw[r])
+                            for r in range(R)])
+    flat = (lambda x: x.flatten(0, 1))
+    lp, lo, a, mk = nx.check_loss_inputs(flat(logp), flat(logp_old), flat(adv), flat(mask), agg)
+    obj = m.token_objective(lp, lo, a, mk)
+    if is_weight is not None:
+        obj = obj * flat(is_weight).to(obj.dtype)
+    w = nx.aggregation_weight(mk, agg).to(obj.dtype)
+    w = w.view(R, -1) * _run_scale(mask, agg).to(obj.dtype)[:, None]
+    return -torch.where(mk.view(R, -1), obj.view(R, -1) * w, 0.0).sum(1)
+
+
 def _takes_is_weight(m) -> bool:
     try:
         return "is_weight" in inspect.signature(m.loss).parameters
@@ -196,11 +225,7 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
         if is_weight is not None:
             raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
         return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
-    if agg == "token-mean":
-        count = mask.sum((1, 2))
-    else:
-        count = (mask.sum(-1) > 0).sum(-1)
-    w = (count.sum() / count.clamp(min=1)).to(logp.dtype).view(R, 1, 1).expand_as(logp)
+    w = _run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
     if is_weight is not None:
         w = w * is_weight
     flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
@@ -372,10 +397,7 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
             gated = ((d["clipfrac_pos"] * pos + d["clipfrac_neg"] * neg)
                      / (pos + neg).clamp(min=1))
             w_seen = is_w[runs, idx] if cfg.anchor == "proximal" else None
-            loss_r = torch.stack([m.loss(logp[r], mb[0][r], mb[1][r], mb[2][r], agg)
-                                  if w_seen is None else
-                                  m.loss(logp[r], mb[0][r], mb[1][r], mb[2][r], agg,
-                                         is_weight=w_seen[r]) for r in range(R)])
+            loss_r = per_run_loss(m, logp, *mb, agg, is_weight=w_seen)
             row = {
                 "step": torch.full((R,), float(step)),
                 "reward": rewards.mean(-1),
@@ -441,5 +463,5 @@ def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=No
 
 __all__ = [
     "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabResult", "default_agg", "method_name",
-    "resolve", "run_many", "summed_loss", "train",
+    "per_run_loss", "resolve", "run_many", "summed_loss", "train",
 ]
