@@ -29,8 +29,9 @@ Each works at token level (one w_t per token) or at sequence level (w = Π_t w_t
 the response, as verl and TRL compute it, broadcast to every token of the response).
 
 Every method takes the weight as ``m.loss(logp, logp_prox, adv, mask, is_weight=w)`` (and
-``m.expected_grad(..., is_weight=w)`` for the closed form). `OffPolicyLoss` packages a gate and a
-correction for `rlgates.lab.train` under lag k.
+``m.expected_grad(..., is_weight=w)`` for the closed form). The lab runs a gate with a correction
+under lag k: ``lab.train("ppo", cfg.replace(anchor="proximal", correction=Correction("mis")),
+seeds, lag=k)``; its own decoupled PPO (``anchor="proximal"``, ``is_cap=2``) is token-level TIS.
 """
 
 from __future__ import annotations
@@ -167,126 +168,21 @@ def importance_weight(logp_target, logp_behaviour, mask=None, correction="tis", 
     return torch.where(mask, correction.apply(lw), 0.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# a gate plus a correction, for the lab under lag k
-# ---------------------------------------------------------------------------------------------
-class OffPolicyLoss:
-    """A gate whose ratio is taken against the proximal policy, times a behaviour weight.
+@dataclass(frozen=True)
+class Unweighted:
+    """No behaviour weight: w̄ = 1 on every real token (zero on padding).
 
-    Use with `rlgates.lab.train(obj, LabConfig(recompute_old=True), lag=k, hook=obj.hook)`: the
-    lab then passes the proximal log-probs as `logp_old`, and the hook hands this object the
-    behaviour (rollout) log-probs and the policy. `correction=None` keeps w = 1 (a recomputed
-    anchor with no correction). The gate metrics of the lab use `gate`/`level` of the gate.
+    With the lab's proximal anchor, `LabConfig(anchor="proximal", correction=Unweighted())`
+    keeps decoupled PPO's anchor and drops its weight, so a comparison with decoupled PPO
+    changes the weight alone.
     """
 
-    def __init__(self, gate="ppo", correction: Correction | str | None = "tis", name=None,
-                 **correction_kw):
-        from .methods import get
+    label = "none"
 
-        self.method = get(gate) if isinstance(gate, str) else gate
-        if correction is not None and not isinstance(correction, Correction):
-            correction = Correction(correction, **correction_kw)
-        self.correction = correction
-        tail = correction.label if correction is not None else "none"
-        self.name = name or f"{self.method.name}+{tail}"
-        self.level = self.method.level
-        self.agg = getattr(self.method, "agg", "token-mean")
-        self._policy = None
-        self._prox = self._behav = None
-        self.last_weight = None
-
-    def gate(self, ratio, adv):
-        return self.method.gate(ratio, adv)
-
-    def hook(self, event, info):
-        """Lab hook: remember the policy; at each rollout, the proximal and behaviour log-probs."""
-        if event == "update":
-            self._policy = info["policy"]
-        elif event == "rollout":
-            if info.get("step") == 0:  # a new run: forget the last run's policy
-                self._policy = None
-            self._behav = info["logp_rollout"]
-            if self._policy is None:  # step 0: no update yet, the sampler is the initial policy
-                self._prox = None
-            else:
-                with torch.no_grad():  # the call the lab makes for recompute_old=True
-                    self._prox = self._policy.log_probs(info["tokens"], info["prompts"])
-
-    def _behaviour_rows(self, logp_old):
-        """The behaviour log-probs of the minibatch: its rows are found by their proximal rows."""
-        if self._prox is None:
-            return None
-        d = (logp_old[:, None, :] - self._prox[None, :, :]).abs().amax(-1)
-        best = d.min(1)
-        if bool((best.values > 1e-5).any()):
-            raise ValueError("OffPolicyLoss: logp_old is not the proximal policy recomputed at "
-                             "the step start; train with LabConfig(recompute_old=True) and "
-                             "hook=obj.hook")
-        return self._behav[best.indices]
-
-    def loss(self, logp, logp_old, adv, mask=None, agg=None):
-        w = None
-        if self.correction is not None:
-            behav = self._behaviour_rows(logp_old.detach())
-            if behav is not None:
-                w = self.correction.weight(logp_old, behav, mask)
-        self.last_weight = w
-        return self.method.loss(logp, logp_old, adv, mask, agg, is_weight=w)
-
-    def __repr__(self):
-        return f"OffPolicyLoss({self.method!r}, {self.correction!r})"
+    def weight(self, logp_target, logp_behaviour, mask=None):
+        lw, mask = log_weight(logp_target, logp_behaviour, mask)
+        return mask.to(lw.dtype)
 
 
-def train_arm(method, anchor, config, seed, lag, agg="token-mean"):
-    """One lab run of a method with its ratio anchored at the "behaviour" or "proximal" policy."""
-    from . import lab
-
-    if anchor not in ("behaviour", "proximal"):
-        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {anchor!r}")
-    cfg = config.replace(recompute_old=anchor == "proximal")
-    hook = getattr(method, "hook", None)
-    return lab.train(method, cfg, seed=seed, lag=lag, agg=agg, progress=False, hook=hook)
-
-
-# ---------------------------------------------------------------------------------------------
-# paired comparisons over common seeds
-# ---------------------------------------------------------------------------------------------
-#: two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1..30
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """The 97.5 % quantile of Student's t with df degrees of freedom (normal beyond 30)."""
-    if df < 1:
-        raise ValueError(f"df must be ≥ 1, got {df}")
-    return _T975[df - 1] if df <= 30 else 1.96 + 2.4 / df  # within 0.005 of t for df > 30
-
-
-def paired_interval(a, b):
-    """Mean of the paired differences a − b over common seeds, with its 95 % t-interval."""
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
-        raise ValueError(f"a and b must be 1-D of equal length ≥ 2, got {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
-    d = a - b
-    half = t975(d.numel() - 1) * float(d.std()) / math.sqrt(d.numel())
-    mean = float(d.mean())
-    return mean, mean - half, mean + half
-
-
-def verdict(lo, hi, more="higher", less="lower"):
-    """Words from an interval of a difference: `more` if it lies above 0, `less` below 0."""
-    if lo > 0:
-        return more
-    if hi < 0:
-        return less
-    return "no difference detected"
-
-
-__all__ = [
-    "CORRECTIONS", "LEVELS", "Correction", "OffPolicyLoss", "importance_weight", "log_weight",
-    "paired_interval", "t975", "train_arm", "verdict",
-]
+__all__ = ["CORRECTIONS", "LEVELS", "Correction", "Unweighted", "importance_weight",
+           "log_weight"]

@@ -1,5 +1,5 @@
 """Importance weights (TIS, MIS, IcePop) as stop-gradient factors: closed form, an independent
-trainer-style reference, autograd, finite differences, the identities, the lab wiring, bad input."""
+trainer-style reference, autograd, finite differences, the identities, the lab's corrections under lag, bad input."""
 
 import math
 
@@ -89,6 +89,14 @@ def test_on_policy_weight_is_one(kind, level):
     assert torch.equal(w[mask], torch.ones_like(w[mask]))
 
 
+def test_unweighted_is_one_on_real_tokens():
+    logp, logp_old, _, mask = make_batch(seed=9, scale=0.8)
+    w = op.Unweighted().weight(logp, logp_old, mask)
+    assert torch.equal(w, mask.to(w.dtype)) and w.dtype == logp.dtype
+    with pytest.raises(ValueError, match="must both be"):
+        op.Unweighted().weight(logp, logp_old[:, :-1])
+
+
 def test_weight_carries_no_gradient():
     logp, logp_old, adv, mask = make_batch(seed=3)
     leaf = logp.clone().requires_grad_(True)
@@ -162,92 +170,100 @@ def test_identities_by_enumeration():
         assert kl > 0
 
 
-# --- the lab wiring ----------------------------------------------------------------------------
-class _FakePolicy:
-    def __init__(self, table):
-        self.table = table
-
-    def log_probs(self, tokens, prompts):
-        return self.table[tokens[:, 0]]
+# --- the lab wiring: LabConfig(anchor="proximal", correction=...) -----------------------------
+def _lab(method="ppo", seeds=(0,), lag=2, steps=4, **cfg):
+    config = lab.LabConfig(steps=steps, anchor="proximal").replace(**cfg)
+    return lab.train(method, config, seeds=list(seeds), lag=lag, agg="token-mean",
+                     progress=False)
 
 
-def test_behaviour_rows_follow_a_permuted_minibatch():
-    g = torch.Generator().manual_seed(0)
-    prox = -torch.rand(6, 4, generator=g, dtype=torch.float64)
-    behav = prox + 0.4 * torch.randn(6, 4, generator=g, dtype=torch.float64)
-    tokens = torch.arange(6)[:, None].expand(6, 4)
-    loss = op.OffPolicyLoss("ppo", "tis")
-    loss.hook("update", {"update": 1, "policy": _FakePolicy(prox)})
-    loss.hook("rollout", {"step": 3, "tokens": tokens, "prompts": None, "logp_rollout": behav})
-    idx = torch.tensor([4, 0, 5])
-    mask = torch.ones(3, 4, dtype=torch.bool)
-    loss.loss(prox[idx].clone(), prox[idx], torch.ones(3, dtype=torch.float64), mask)
-    expected = (prox[idx] - behav[idx]).exp().clamp(max=2.0)
-    assert torch.allclose(loss.last_weight, expected, rtol=1e-15)
+def _same(a, b, keys=("reward", "entropy", "ppo_kl", "log_ratio_absmax", "is_weight_mean")):
+    return all(torch.allclose(torch.tensor(a[k]), torch.tensor(b[k]), rtol=1e-5, atol=1e-7)
+               for k in keys)
 
 
-def test_step_zero_has_no_weight():
-    loss = op.OffPolicyLoss("ppo", "mis")
-    loss.hook("rollout", {"tokens": None, "prompts": None, "logp_rollout": torch.zeros(2, 3)})
-    logp = torch.zeros(2, 3, dtype=torch.float64)
-    loss.loss(logp, logp, torch.ones(2, dtype=torch.float64), None)
-    assert loss.last_weight is None
+class _Spy:
+    """A correction that records what the lab hands it and what it returns."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def weight(self, logp_target, logp_behaviour, mask):
+        w = self.inner.weight(logp_target, logp_behaviour, mask)
+        self.calls.append((logp_target, logp_behaviour, mask, w))
+        return w
 
 
-def test_lab_at_lag_zero_matches_the_recomputed_anchor():
-    cfg = lab.LabConfig(steps=4)
-    plain = op.train_arm("ppo", "proximal", cfg, seed=0, lag=0)
-    tis = op.train_arm(op.OffPolicyLoss("ppo", "tis"), "proximal", cfg, seed=0, lag=0)
-    for key in ("reward", "loss", "gated"):
-        assert torch.allclose(torch.tensor(plain[key]), torch.tensor(tis[key]), rtol=1e-5)
+def test_lab_token_tis_is_the_labs_decoupled_ppo():
+    """The lab's native weight min(π_prox/π_behav, 2) is token-level TIS at C = 2."""
+    native = _lab(seeds=(0, 1), lag=3, steps=5, is_cap=2.0)
+    tis = _lab(seeds=(0, 1), lag=3, steps=5, correction=op.Correction("tis"))
+    assert all(_same(a, b) for a, b in zip(native, tis, strict=True))
+    assert abs(native[0].final("is_weight_mean", 5) - 1) > 1e-4  # the weight did something
 
 
-def test_lab_under_lag_uses_weights_away_from_one():
-    cfg = lab.LabConfig(steps=4)
-    seen = []
-    m = op.OffPolicyLoss("ppo", "tis")
-    inner = m.loss
-
-    def spy(*a, **k):
-        out = inner(*a, **k)
-        if m.last_weight is not None:
-            seen.append(m.last_weight)
-        return out
-
-    m.loss = spy
-    op.train_arm(m, "proximal", cfg, seed=0, lag=2)
-    w = torch.cat([x.flatten() for x in seen])
-    assert seen and float(w.max()) <= 2.0 and float((w - 1).abs().max()) > 1e-3
+def test_lab_hands_the_correction_proximal_and_behaviour_rows():
+    spy, rollouts = _Spy(op.Correction("mis", high=1.02)), []
+    config = lab.LabConfig(steps=3, anchor="proximal", correction=spy)
+    lab.train("ppo", config, seeds=[0, 1], lag=4, progress=False,
+              hook=lambda ev, info: ev == "rollout" and rollouts.append(info))
+    assert len(spy.calls) == 3
+    for (target, behav, mask, _), info in zip(spy.calls, rollouts, strict=True):
+        assert target.shape == behav.shape == mask.shape == (2 * 64, 8)  # [R·B, T] rows
+        assert torch.equal(behav, info["logp_behaviour"].flatten(0, 1))
+        assert torch.equal(mask, lab.PatternTask().mask(info["tokens"]).flatten(0, 1))
+    target, behav, mask, w = spy.calls[-1]  # after 8 updates at lag 4: π_prox ≠ μ
+    assert (target - behav)[mask].abs().max() > 1e-3
+    assert ((w == 0) & mask).any() and (w[mask] > 0).any()  # the mask dropped some, kept some
 
 
-def test_one_object_serves_several_runs():
-    cfg = lab.LabConfig(steps=3)
-    reused = op.OffPolicyLoss("ppo", "mis")
-    first = op.train_arm(reused, "proximal", cfg, seed=0, lag=2)
-    second = op.train_arm(reused, "proximal", cfg, seed=1, lag=2)
-    fresh = op.train_arm(op.OffPolicyLoss("ppo", "mis"), "proximal", cfg, seed=1, lag=2)
-    assert second["loss"] == fresh["loss"] and first["loss"] != second["loss"]
+def test_lab_passes_the_corrected_weight_to_the_loss():
+    """One run (so no per-run aggregation constant): the loss sees the correction's rows."""
+    spy, seen = _Spy(op.Correction("icepop", level="sequence", low=0.97, high=1.03)), []
+    ppo = rlgates.get("ppo")
+
+    class Recorder:
+        name, level, agg, gate = "ppo", ppo.level, ppo.agg, ppo.gate
+
+        def loss(self, logp, logp_old, adv, mask, agg, is_weight=None):
+            seen.append((len(spy.calls), is_weight))
+            return ppo.loss(logp, logp_old, adv, mask, agg, is_weight=is_weight)
+
+    lab.train(Recorder(), lab.LabConfig(steps=3, anchor="proximal", correction=spy),
+              seeds=[5], lag=4, progress=False)
+    for call, w in seen:
+        full = spy.calls[call - 1][3]
+        for row in w:  # every minibatch row is one of the rollout's weight rows
+            assert (full == row).all(-1).any()
+    last = spy.calls[-1]
+    mask, w = last[2], last[3]
+    # sequence level: one weight per response, on its real tokens
+    assert torch.equal(torch.where(mask, w, 0), torch.where(mask, w.amax(-1, keepdim=True), 0))
+    assert ((w == 0) & mask).any()
 
 
-def test_a_rollout_anchor_is_refused():
-    """With recompute_old=False the lab hands over the rollout log-probs, not the proximal ones."""
-    m = op.OffPolicyLoss("ppo", "tis")
-    with pytest.raises(ValueError, match="recompute_old=True"):
-        lab.train(m, lab.LabConfig(steps=3), lag=2, hook=m.hook, progress=False)
+@pytest.mark.parametrize("correction", [op.Correction("mis", level="sequence"),
+                                        op.Correction("icepop"), op.Unweighted()])
+def test_lab_at_lag_zero_every_correction_is_decoupled_ppo(correction):
+    """With fresh rollouts π_prox = μ, so every weight is 1 and the runs coincide."""
+    base = _lab(lag=0, steps=4)
+    other = _lab(lag=0, steps=4, correction=correction)
+    assert _same(base[0], other[0])
+    assert max(abs(v - 1) for v in other[0]["is_weight_mean"]) < 1e-5
 
 
-# --- statistics --------------------------------------------------------------------------------
-def test_paired_interval_and_verdict():
-    a = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
-    b = a - torch.tensor([0.5, 0.7, 0.6, 0.4], dtype=torch.float64)
-    mean, lo, hi = op.paired_interval(a, b)
-    d = torch.tensor([0.5, 0.7, 0.6, 0.4], dtype=torch.float64)
-    half = 3.182 * float(d.std()) / 2
-    assert abs(mean - 0.55) < 1e-12 and abs(hi - lo - 2 * half) < 1e-12
-    assert op.verdict(lo, hi) == "higher"
-    assert op.verdict(-hi, -lo) == "lower"
-    assert op.verdict(-0.1, 0.2) == "no difference detected"
-    assert op.t975(9) == 2.262 and abs(op.t975(40) - 2.021) < 0.005
+def test_unweighted_keeps_the_anchor_and_drops_the_weight():
+    runs = _lab(lag=4, steps=4, correction=op.Unweighted())
+    assert runs[0]["is_weight_mean"] == [1.0] * 4
+    native = _lab(lag=4, steps=4)
+    assert not _same(runs[0], native[0], keys=("reward", "ppo_kl"))
+
+
+def test_lab_batched_run_equals_the_run_alone_with_a_correction():
+    c = op.Correction("tis", level="sequence")
+    together = _lab(seeds=(0, 1, 2), lag=3, steps=4, correction=c)
+    alone = _lab(seeds=(1,), lag=3, steps=4, correction=c)
+    assert _same(together[1], alone[0])
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -278,7 +294,8 @@ def test_bad_weights_and_shapes():
         op.importance_weight(logp, logp_old, mask[:, :-1])
     with pytest.raises(ValueError, match="not both"):
         op.importance_weight(logp, logp_old, mask, op.Correction("tis"), high=3.0)
-    with pytest.raises(ValueError, match="anchor"):
-        op.train_arm("ppo", "rollout", lab.LabConfig(steps=1), 0, 0)
-    with pytest.raises(ValueError, match="equal length"):
-        op.paired_interval([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="anchor='proximal'"):
+        lab.train("ppo", lab.LabConfig(steps=1, correction=op.Correction("tis")), progress=False)
+    with pytest.raises(ValueError, match="weight"):
+        lab.train("ppo", lab.LabConfig(steps=1, anchor="proximal", correction="tis"),
+                  progress=False)

@@ -14,6 +14,8 @@ The ratio's anchor (`LabConfig.anchor`):
   behaviour policy is corrected outside the gate by the constant weight
   min(π_prox / π_behav, C), C = `is_cap` (truncated importance sampling), passed to the loss as
   `is_weight=`. With lag 0 the two anchors coincide (π_prox = π_behav, weight 1).
+  `LabConfig.correction` replaces that rule by any other (rlgates.offpolicy.Correction: TIS,
+  MIS, IcePop, at token or sequence level).
 
 Runs: `seeds` is a list; run r has its own initial weights, its own random stream
 (`torch.Generator(seed)`) and its own Adam state and gradient-norm clip, so run r of a batched
@@ -92,6 +94,7 @@ class LabConfig:
     normalize_std: bool = True  # GRPO advantages (False: Dr. GRPO, no division by the std)
     anchor: str = "behaviour"  # ρ against the "behaviour" policy or a "proximal" one
     is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no cap)
+    correction: object | None = None  # "proximal": the weight rule in place of min(·, is_cap)
     recompute_old: bool = False  # ratio against π_prox with no lab weight (the loss corrects)
     threads: int | None = 1  # torch CPU threads during a run (restored after); None: as is
     dtype: str = "float32"
@@ -285,6 +288,10 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         raise ValueError(f"lag must be ≥ 0, got {lag}")
     if cfg.anchor not in ("behaviour", "proximal"):
         raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {cfg.anchor!r}")
+    if cfg.correction is not None and (cfg.anchor != "proximal"
+                                       or not callable(getattr(cfg.correction, "weight", None))):
+        raise ValueError("correction needs anchor='proximal' and a .weight(logp_prox, "
+                         f"logp_behav, mask) method, got {cfg.correction!r}")
     name, m = method_name(method), resolve(method)
     agg = agg or default_agg(m)
     if agg not in nx.AGG_MODES:
@@ -336,6 +343,10 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
             if cfg.anchor == "proximal":
                 is_w = (logp_old - logp_behav).exp()
                 is_w = is_w.clamp(max=cfg.is_cap) if cfg.is_cap else is_w
+                if cfg.correction is not None:  # its own rule, on [R·B, T] rows
+                    flat = (lambda x: x.flatten(0, 1))
+                    is_w = cfg.correction.weight(flat(logp_old), flat(logp_behav), flat(mask))
+                    is_w = is_w.view_as(logp_old).to(logp_old.dtype)
         if hook is not None:
             one = (lambda x: x[0]) if R == 1 else (lambda x: x)
             hook("rollout", {"step": step, "version": version, "prompts": one(prompts),
