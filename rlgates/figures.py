@@ -44,7 +44,7 @@ def sign_legend(ax, extra=(), **kwargs):
     handles = [Line2D([], [], marker="o", ls="", color=ENCOURAGE, label="A > 0 (encourage)"),
                Line2D([], [], marker="o", ls="", color=DISCOURAGE, label="A < 0 (discourage)"),
                *extra]
-    kwargs.setdefault("fontsize", 8)
+    kwargs.setdefault("fontsize", 10)
     return ax.legend(handles=handles, **kwargs)
 
 
