@@ -76,7 +76,9 @@ def build_book(step: str = "book") -> None:
     # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
     sh("offline assets", PY, "scripts/offline_assets.py")
     shutil.rmtree(BOOK_HTML, ignore_errors=True)
-    sh(step, BIN / "jupyter-book", "build", ".", "-W", "-n", "--keep-going")
+    # --all: re-read every page. Sphinx otherwise keeps a page whose source file did not change,
+    # with its old outputs, even when the library under it (and so the cached run) changed.
+    sh(step, BIN / "jupyter-book", "build", ".", "--all", "-W", "-n", "--keep-going")
 
 
 def ensure_jupyterlab() -> None:
