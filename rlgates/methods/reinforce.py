@@ -30,7 +30,7 @@ class Reinforce(Method):
     )
 
     def _weight(self, ratio, adv):
-        return ratio * torch.ones_like(adv)
+        return ratio.expand(torch.broadcast_shapes(ratio.shape, adv.shape))  # a view: no pass
 
     def _gate(self, ratio, adv):
         return torch.ones(torch.broadcast_shapes(ratio.shape, adv.shape), dtype=ratio.dtype,

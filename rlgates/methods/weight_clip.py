@@ -90,9 +90,12 @@ class CISPO(Method):
         return (self.clipped(ratio) / ratio) * torch.ones_like(adv)
 
     def token_objective(self, logp, logp_old, adv, mask):
-        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not)."""
+        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not).
+
+        Padding may hold NaN: its log-ratio is masked to 0, so its weight is a finite 1, and
+        `aggregate` gives it zero gradient and drops its value (tested)."""
         ratio = nx.ratio_from_log(nx.token_log_ratio(logp.detach(), logp_old, mask))
-        return self.clipped(ratio) * adv * torch.where(mask, logp, 0.0)
+        return (self.clipped(ratio) * adv) * logp
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """clip(ρ)·A. Unlike the clipped losses, the ±20 log-ratio clamp does not zero the
