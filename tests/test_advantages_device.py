@@ -68,7 +68,7 @@ def test_tiny_policy_sampled_logp_matches_its_log_probs():
 def test_lagged_log_ratios_spread_with_the_lag():
     out = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4, group=4,
                                     length=6, lr=1e-2)
-    assert out[0][0].abs().max() < 1e-6  # lag 0: the rollout policy is the live one
+    assert out[0][0].abs().max() < 1e-5  # lag 0: the rollout policy is the live one
     spread = [out[k][0].std().item() for k in (0, 2, 6)]
     assert spread[0] < spread[1] < spread[2]
 

@@ -270,16 +270,19 @@ def test_lab_policy_sampling_matches_its_log_probs_and_runs_are_independent():
     assert policy.w_head.grad[1].abs().max() == 0 and policy.w_head.grad[0].abs().max() > 0
 
 
-@pytest.mark.parametrize("family", ["gru", "lab"])
-def test_lagged_log_ratios_on_both_policy_families(family):
+def test_lagged_log_ratios_run_on_the_lab_policy():
     out = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4, group=4,
-                                    length=6, lr=1e-2, family=family)
+                                    length=6, lr=1e-2)
     assert out[0][0].shape == (16, 6) and out[0][1].shape == (16,)
-    assert out[0][0].abs().max() < 1e-6  # lag 0: the rollout policy is the live one
+    assert out[0][0].abs().max() < 1e-5  # lag 0: float rounding, not drift
     spread = [out[k][0].std().item() for k in (0, 2, 6)]
-    assert spread[0] < spread[1] < spread[2]
-    with pytest.raises(ValueError, match="family"):
-        rlgates.lagged_log_ratios(lags=(0,), family="mlp")
+    assert spread[0] < 1e-5 < spread[1] < spread[2]
+    explicit = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4,
+                                         group=4, length=6, lr=1e-2, family="lab")
+    assert all(torch.equal(out[k][0], explicit[k][0]) for k in out)  # "lab" is the default
+    for family in ("gru", "mlp"):
+        with pytest.raises(ValueError, match="family"):
+            rlgates.lagged_log_ratios(lags=(0,), family=family)
 
 
 def test_a_single_run_takes_unbatched_tensors():
