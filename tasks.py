@@ -9,6 +9,8 @@ All create (or reuse) the virtual environment .venv and install requirements.txt
 when requirements.txt or pyproject.toml changed since the last install. `lab` (and the check's
 JupyterLab test) also install JupyterLab into .venv when it is missing.
 
+The chapters are MyST Markdown (chapters/*.md); their .ipynb twins, which nbval collects and the
+launch buttons name, are generated before each run (scripts/chapter_sources.py), never committed.
 `check` executes each chapter once: nbval runs it and writes it out with its outputs
 (scripts/nbval_record.py); those outputs prime the book's jupyter-cache (scripts/prime_cache.py),
 so the book build renders them, glue values included, without executing again.
@@ -70,9 +72,16 @@ def setup() -> None:
     STAMP.write_text(digest)
 
 
+def chapter_notebooks() -> None:
+    """chapters/NN.ipynb from chapters/NN.md: for nbval, and so the launch buttons name the
+    .ipynb the notebooks branch publishes."""
+    sh("chapter notebooks", PY, "scripts/chapter_sources.py", "notebooks")
+
+
 def build_book(step: str = "book") -> None:
     """Build the book. Notebooks whose outputs are in the jupyter-cache are not executed; the
     reader notebooks are written when the build finishes (scripts/reader_notebooks.py)."""
+    chapter_notebooks()
     # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
     sh("offline assets", PY, "scripts/offline_assets.py")
     shutil.rmtree(BOOK_HTML, ignore_errors=True)
@@ -139,6 +148,7 @@ def check() -> None:
     # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures
     # use the inline backend here, as in the book (MPLBACKEND=Agg would show none).
     shutil.rmtree(EXECUTED, ignore_errors=True)
+    chapter_notebooks()
     sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
        "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
        "chapters",

@@ -3,16 +3,18 @@
 
     python scripts/export_chapters.py [OUT]      (default OUT: _build/chapter_code)
 
-`ruff` reads notebooks itself; the duplicate check and other text tools do not, so the check
-(`tasks.py check`) exports the code here and runs them over the result. Each cell is one
+The chapters are Markdown (scripts/chapter_sources.py), which neither ruff nor the duplicate
+check reads as code, so the check (`tasks.py check`) exports their code cells here and runs both
+over the result. Each cell is one
 `# %%` block headed by its number and tags, so a finding points back to its cell.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+import chapter_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,18 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def export(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
-        cells = json.loads(nb_path.read_text())["cells"]
-        parts = [f"# Code cells of chapters/{nb_path.name} (scripts/export_chapters.py)\n"]
+    for md_path in chapter_sources.sources(ROOT):
+        cells = chapter_sources.read(md_path).cells
+        parts = [f"# Code cells of chapters/{md_path.name} (scripts/export_chapters.py)\n"]
         for i, cell in enumerate(cells):
-            if cell["cell_type"] != "code":
+            if cell.cell_type != "code":
                 continue
-            tags = cell.get("metadata", {}).get("tags", [])
-            source = "".join(cell["source"])
+            tags = cell.metadata.get("tags", [])
+            source = cell.source
             magic = [line for line in source.splitlines() if line.lstrip().startswith(("%", "!"))]
             body = "\n".join(f"# {line}" if line in magic else line for line in source.splitlines())
             parts.append(f"# %% cell {i} {' '.join(tags)}".rstrip() + "\n" + body + "\n")
-        path = out / f"{nb_path.stem}.py"
+        path = out / f"{md_path.stem}.py"
         path.write_text("\n".join(parts))
         written.append(path)
     return written

@@ -3,9 +3,11 @@ execute them again.
 
     python scripts/prime_cache.py EXECUTED_DIR [CACHE_DIR]
 
-EXECUTED_DIR holds executed notebooks at their source paths (written by scripts/nbval_record.py,
-e.g. EXECUTED_DIR/chapters/07_sapo.ipynb). Each is cached under the hash of its source notebook's
-code, which is what myst-nb looks up with `execute_notebooks: cache`. The cache is emptied first:
+EXECUTED_DIR holds executed notebooks at their paths in the repository (written by
+scripts/nbval_record.py, e.g. EXECUTED_DIR/chapters/07_sapo.ipynb, generated from
+chapters/07_sapo.md). Each is cached under the hash of its chapter's code, which is what myst-nb
+looks up with `execute_notebooks: cache`; a notebook whose code is no longer its `.md` source's
+is skipped. The cache is emptied first:
 outputs from an older run (an older library) must never be reused, so a notebook nbval did not
 write is executed by the book as before.
 """
@@ -16,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import chapter_sources
 import nbformat
 from jupyter_cache import get_cache
 from jupyter_cache.base import CacheBundleIn
@@ -29,11 +32,11 @@ def prime(executed: Path, cache_dir: Path = DEFAULT_CACHE, root: Path = ROOT) ->
     cache = get_cache(str(cache_dir))
     done = []
     for nb_path in sorted(executed.rglob("*.ipynb")):
-        source = root / nb_path.relative_to(executed)
+        source = (root / nb_path.relative_to(executed)).with_suffix(".md")
         if not source.is_file():
             continue
         nb = nbformat.read(str(nb_path), as_version=4)
-        src = nbformat.read(str(source), as_version=4)
+        src = chapter_sources.read(source)
         code = [c.source for c in nb.cells if c.cell_type == "code"]
         if code != [c.source for c in src.cells if c.cell_type == "code"]:
             continue  # the chapter changed since nbval ran: let the book execute it

@@ -36,6 +36,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import chapter_sources
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -621,7 +622,8 @@ def chapters(root: Path = ROOT) -> list[str]:
                 walk(v)
 
     walk(toc)
-    return [d for d in docs if (root / f"{d}.ipynb").is_file()]
+    sources = set(chapter_sources.sources(root))
+    return [d for d in docs if root / f"{d}.md" in sources]
 
 
 def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
@@ -630,7 +632,7 @@ def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
     book = Book(url, branch)
     notebooks = {}
     for doc in chapters(root):
-        nb = nbformat.read(str(root / f"{doc}.ipynb"), as_version=4)
+        nb = chapter_sources.read(root / f"{doc}.md")
         notebooks[doc] = nb
         glue_file = executed / f"{doc}.glue.json"
         book.glue[doc] = json.loads(glue_file.read_text()) if glue_file.is_file() else {}

@@ -1,8 +1,9 @@
-"""Static checks of the chapter notebooks (no kernel): code a reader copies from the page runs.
+"""Static checks of the chapters (no kernel): code a reader copies from the page runs.
 
 A visible code cell (any cell not tagged remove-cell or remove-input) must not use a name that
 only a hidden cell defines: on the web page the reader never sees that definition, so copied
-code fails with a NameError. Notebooks are also stored without outputs.
+code fails with a NameError. Chapters are stored as MyST Markdown text (scripts/chapter_sources.py),
+which survives the round trip to a notebook and back, and no `.ipynb` of theirs is committed.
 """
 
 from __future__ import annotations
@@ -10,15 +11,28 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import chapter_sources  # noqa: E402
+
+CHAPTERS = chapter_sources.sources(ROOT)
 HIDDEN = {"remove-cell", "remove-input"}
 #: Names IPython provides in every kernel.
 KERNEL = {"display", "get_ipython", "In", "Out", "exit", "quit"}
+
+
+def _cells(path: Path) -> list[dict]:
+    """A chapter's cells (from its .md source) or a test notebook's (from .ipynb JSON)."""
+    if path.suffix == ".md":
+        return chapter_sources.read(path).cells
+    return json.loads(path.read_text())["cells"]
 
 
 def _code(cell) -> str:
@@ -91,7 +105,7 @@ class _Names(ast.NodeVisitor):
 
 def hidden_dependencies(nb_path: Path) -> list[str]:
     """Visible cells' uses of names that only hidden cells (so far) have defined."""
-    cells = json.loads(nb_path.read_text())["cells"]
+    cells = _cells(nb_path)
     visible_defs, hidden_defs, problems = set(), set(), []
     known = set(dir(builtins)) | KERNEL
     for i, cell in enumerate(cells):
@@ -110,7 +124,41 @@ def hidden_dependencies(nb_path: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_chapter_is_text():
+    """The chapters are the .md files; no chapter notebook is tracked by git."""
+    assert len(CHAPTERS) >= 17
+    tracked = subprocess.run(["git", "ls-files", "chapters"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert [t for t in tracked if t.endswith(".ipynb")] == []
+    assert {f"chapters/{p.name}" for p in CHAPTERS} <= set(tracked)
+
+
+@pytest.mark.parametrize("md_path", CHAPTERS, ids=lambda p: p.stem)
+def test_round_trip_keeps_the_text(md_path):
+    """md -> ipynb (as nbval reads it) -> md gives the same text, metadata (tags, captions, alt
+    text) included; a negative control shows the comparison sees a change of metadata."""
+    nb = nbformat.reads(nbformat.writes(chapter_sources.read(md_path)), as_version=4)
+    assert chapter_sources.text(nb) == md_path.read_text()
+    tagged = next(c for c in nb.cells if c.metadata.get("tags"))
+    tagged.metadata["tags"] = [*tagged.metadata["tags"], "changed"]
+    assert chapter_sources.text(nb) != md_path.read_text()
+
+
+def test_generated_notebook_is_the_chapter(tmp_path):
+    """The .ipynb written for nbval holds the chapter's cells, metadata and kernel."""
+    (tmp_path / "chapters").mkdir()
+    source = tmp_path / "chapters" / CHAPTERS[0].name
+    source.write_text(CHAPTERS[0].read_text())
+    [written] = chapter_sources.write_notebooks(tmp_path)
+    assert written == source.with_suffix(".ipynb")
+    nb, md = nbformat.read(str(written), as_version=4), chapter_sources.read(CHAPTERS[0])
+    assert [(c.cell_type, c.source, c.metadata) for c in nb.cells] == \
+        [(c.cell_type, c.source, c.metadata) for c in md.cells]
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("nb_path", CHAPTERS, ids=lambda p: p.stem)
 def test_visible_code_uses_no_name_from_a_hidden_cell(nb_path):
     assert hidden_dependencies(nb_path) == []
 
@@ -127,19 +175,12 @@ def test_the_check_finds_a_hidden_dependency(tmp_path):
                                        "nb.ipynb cell 2: uses 'x', defined only in a hidden cell"]
 
 
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_stored_without_outputs(nb_path):
-    for cell in json.loads(nb_path.read_text())["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None
-
-
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("nb_path", CHAPTERS, ids=lambda p: p.stem)
 def test_code_fits_the_page(nb_path):
     """The web page shows 80 columns of code without scrolling; every cell a reader can see
     (hide-input cells too, behind their toggle) keeps to that."""
     long = []
-    for i, cell in enumerate(json.loads(nb_path.read_text())["cells"]):
+    for i, cell in enumerate(_cells(nb_path)):
         if cell["cell_type"] != "code" or HIDDEN & set(cell["metadata"].get("tags", [])):
             continue
         long += [f"cell {i}: {len(line)} columns" for line in "".join(cell["source"]).splitlines()

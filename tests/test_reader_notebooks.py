@@ -20,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+import chapter_sources  # noqa: E402
 import reader_notebooks as rn  # noqa: E402
 
 URL = "https://github.com/rlgates/rlgates-book"
@@ -322,7 +323,7 @@ def test_built_code_is_the_executed_chapters_code(built):
     """The reader notebook runs the chapter's own code cells, which nbval executed (and the
     book build used); only the set-up cell is new, tested above."""
     for doc, nb in built.items():
-        src = nbformat.read(str(ROOT / f"{doc}.ipynb"), as_version=4)
+        src = chapter_sources.read(ROOT / f"{doc}.md")
         assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
             [c.source for c in src.cells if c.cell_type == "code"], doc
         assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code"), doc
@@ -331,6 +332,19 @@ def test_built_code_is_the_executed_chapters_code(built):
         # a figure inside a solution has its caption folded in a <details> block
         shown = sum(c.cell_type == "markdown" and '<a id="fig-' in c.source for c in nb.cells)
         assert shown >= captions, doc
+
+
+def test_nbval_executed_the_chapter_text(built):
+    """What nbval ran (the notebooks generated from chapters/*.md, kept with their outputs in
+    _build/executed) is each chapter's text, cell for cell, metadata included."""
+    if not (BUILD / "executed").is_dir() and os.environ.get("RLGATES_REQUIRE_BOOK") != "1":
+        pytest.skip("no nbval run kept (python3 tasks.py check writes _build/executed)")
+    for doc in built:
+        ran = nbformat.read(str(BUILD / "executed" / f"{doc}.ipynb"), as_version=4)
+        text = chapter_sources.read(ROOT / f"{doc}.md")
+        assert [(c.cell_type, c.source, c.metadata) for c in ran.cells] == \
+            [(c.cell_type, c.source, c.metadata) for c in text.cells], doc
+        assert any(c.get("outputs") for c in ran.cells), doc  # it really ran
 
 
 def test_download_button_serves_the_reader_notebook(built):
@@ -374,8 +388,7 @@ def test_binder_environment_is_light_and_covers_the_chapters():
     assert all(main[name] == version for name, version in binder.items())  # same versions
     imported = set()
     for doc in rn.chapters(ROOT):
-        nb = nbformat.read(str(ROOT / f"{doc}.ipynb"), as_version=4)
-        for c in nb.cells:
+        for c in chapter_sources.read(ROOT / f"{doc}.md").cells:
             if c.cell_type == "code":
                 imported |= set(re.findall(r"^\s*(?:from|import)\s+(\w+)", c.source, re.M))
     third_party = {m for m in imported - NOT_IN_BINDER if m not in sys.stdlib_module_names}
@@ -438,8 +451,10 @@ def test_nbval_record_and_prime_cache(tmp_path):
                     code("x * 3"), code("print('hi')")])
     bad = chapter([code("y = 1"), code("assert y == 2")])
     (tmp_path / "nb").mkdir()
-    nbformat.write(good, str(tmp_path / "nb" / "good.ipynb"))
-    nbformat.write(bad, str(tmp_path / "nb" / "bad.ipynb"))
+    for name, nb in (("good", good), ("bad", bad)):  # the text source, and what nbval reads
+        (tmp_path / "nb" / f"{name}.md").write_text(chapter_sources.text(nb))
+        nbformat.write(chapter_sources.read(tmp_path / "nb" / f"{name}.md"),
+                       str(tmp_path / "nb" / f"{name}.ipynb"))
     out = tmp_path / "executed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])}
     run = subprocess.run(
@@ -457,8 +472,8 @@ def test_nbval_record_and_prime_cache(tmp_path):
     assert outputs[2][0]["data"]["text/plain"] == "6"
     assert outputs[3][0]["text"] == "hi\n"
     primed = prime(out, tmp_path / "cache", root=tmp_path)
-    assert primed == [Path("nb/good.ipynb")]
+    assert primed == [Path("nb/good.md")]
     cache = get_cache(str(tmp_path / "cache"))
-    source = nbformat.read(str(tmp_path / "nb" / "good.ipynb"), as_version=4)
+    source = chapter_sources.read(tmp_path / "nb" / "good.md")  # as myst-nb reads the chapter
     _, merged = cache.merge_match_into_notebook(source)  # myst-nb's lookup in cache mode
     assert [c.outputs for c in merged.cells] == outputs
