@@ -12,6 +12,8 @@ comparisons are built so that each could fail:
   are evaluated on exactly those, value and gradient, for every loss type that maps;
 - verl: `get_policy_loss_fn(mode)` (verl's own code) against the adapter registered under a name of
   its own, on fixed tensors with an A < 0 token at ρ = 4, where dual-clip and PPO differ.
+- verl's metrics: each mapped loss's actor/pg_clipfrac, pg_clipfrac_lower and ppo_kl from the
+  adapter equal verl's own on two ragged micro-batches, where the old definitions do not.
 """
 
 from __future__ import annotations
@@ -481,6 +483,135 @@ def test_verl_conventions_that_differ():
     g = rlgates.get("gspo").expected_grad(lp.detach(), old, adv[:, 0], mask,
                                           agg="seq-mean-token-mean")
     assert float(g[0, 0]) == pytest.approx(math.exp(12) / 4, rel=1e-12)
+
+
+# --- verl's metrics, per loss ----------------------------------------------------------------------
+def metrics_batch():
+    """Two micro-batches (12 and 17 real tokens) in float64: ragged rows (one empty), an A = 0 row
+    outside every window on both sides, an A < 0 token at ρ = 4 (past c = 3), a token at
+    log ρ = 25 (past verl's ±20 clamp), a sequence inside GSPO's window and ones outside it."""
+    log_ratio = torch.tensor([
+        [0.05, -0.30, 0.40, 0.10, 0.00, 0.0],
+        [math.log(4.0), 0.10, -0.05, 0.35, 0.0, 0.0],
+        [0.50, -0.50, 0.02, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        [-0.40, 0.25, 0.15, -0.10, 0.30, -0.20],
+        [0.0004, 0.0001, -0.0002, 0.0003, 0.0, 0.0],
+        [-0.01, -0.02, 0.0, 0.0, 0.0, 0.0],
+        [25.0, -1.0, 0.30, -0.25, 0.15, 0.0],
+    ], dtype=torch.float64)
+    lengths = torch.tensor([5, 4, 3, 0, 6, 4, 2, 5])
+    mask = torch.arange(6)[None] < lengths[:, None]
+    old = -torch.linspace(0.5, 2.5, 48, dtype=torch.float64).reshape(8, 6)
+    adv = torch.tensor([1.0, -1.5, 0.0, 0.3, -0.8, 1.2, -0.5, 0.7], dtype=torch.float64)
+    adv = adv[:, None].expand(8, 6).clone()
+    logp = old + log_ratio
+    return [(logp[s], old[s], adv[s], mask[s]) for s in (slice(0, 4), slice(4, 8))]
+
+
+def old_adapter_metrics(m, logp, old, adv, mask):
+    """What the adapter logged under verl's names before: gate_zero over A ≠ 0 tokens, an
+    unclamped KL, a hard-coded 0."""
+    kl = -((logp - old) * mask).sum() / mask.sum().clamp(min=1)
+    return {"actor/pg_clipfrac": rt.gate_stats(m, logp, old, adv, mask)["gate_zero"],
+            "actor/ppo_kl": float(kl), "actor/pg_clipfrac_lower": 0.0}
+
+
+METRIC_CASES = {  # name -> (method, verl's loss_mode, clip_ratio_c)
+    "dual_clip": (rlgates.get("dual_clip"), "vanilla", 3.0),
+    "ppo": (rlgates.get("ppo"), "vanilla", math.inf),
+    "grpo": (rlgates.get("grpo"), "vanilla", math.inf),
+    "dapo": (rlgates.get("dapo", eps_low=0.2, eps_high=0.3), "vanilla", math.inf),
+    "gspo": (rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4), "gspo", None),
+    "sapo": (rlgates.get("sapo"), "sapo", None),
+    "cispo": (rlgates.get("cispo", eps_low=0.2, eps_high=0.28), "cispo", None),
+}
+
+
+def metrics_pairs(m):
+    """verl's own loss and the adapter's, on each micro-batch: [(verl's, the adapter's), ...]."""
+    mode, agg, cfg = _verl_config(m)
+    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=29, global_batch_size=7)
+    out = []
+    for logp, old, adv, mask in metrics_batch():
+        pair = [fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
+                   loss_agg_mode=agg, config=cfg)[1]
+                for fn in (get_policy_loss_fn(mode), get_policy_loss_fn(rverl.register(m)))]
+        out.append((*pair, (logp, old, adv, mask)))
+    return mode, cfg, out
+
+
+@pytest.mark.parametrize("case", list(METRIC_CASES))
+def test_verl_metrics_are_verls_own(case):
+    m, mode, c = METRIC_CASES[case]
+    got_mode, cfg, pairs = metrics_pairs(m)
+    assert got_mode == mode and (c is None or cfg.clip_ratio_c == c)
+    counts = [int(b[3].sum()) for *_, b in pairs]
+    assert len(counts) == 2 and counts[0] != counts[1]
+    for ref, ours, _ in pairs:
+        assert set(ref) == {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"}
+        for k, v in ref.items():
+            assert ours[k] == v, (k, ours[k], v)  # the same floats: verl's definition, exactly
+        assert {k for k in ours if k not in ref} == {"actor/rlgates_gate_mean",
+                                                     "actor/rlgates_gate_zero"}
+    frac = [ref["actor/pg_clipfrac"] for ref, _, _ in pairs]
+    old = [old_adapter_metrics(m, *b) for *_, b in pairs]
+    if mode == "sapo":  # verl's SAPO logs no clip fraction; its KL is clamped at ±20
+        assert frac == [0.0, 0.0]
+        assert old[1]["actor/pg_clipfrac"] > 0  # the old gate_zero: sech² underflows at ρ = e^20
+        assert old[1]["actor/ppo_kl"] != pytest.approx(pairs[1][0]["actor/ppo_kl"], rel=1e-3)
+    else:  # not vacuous: tokens clipped and tokens not; the old definition is not verl's
+        assert all(0 < f < 1 for f in frac), frac
+        assert any(o["actor/pg_clipfrac"] != pytest.approx(f, rel=1e-3)
+                   for o, f in zip(old, frac, strict=True))
+    if c == 3.0:  # the A < 0 token at ρ = 4: only in pg_clipfrac_lower
+        assert pairs[0][0]["actor/pg_clipfrac_lower"] > 0
+
+
+def test_verl_metrics_not_under_verls_names_without_a_builtin():
+    for m in (rlgates.get("sao"), rlgates.get("reinforce"), byo_soft()):
+        assert rt.flags(m)["verl"] is None
+        name = rverl.register(m)
+        for logp, old, adv, mask in metrics_batch():
+            _, got = get_policy_loss_fn(name)(old_log_prob=old, log_prob=logp, advantages=adv,
+                                              response_mask=mask, config=actor())
+            assert set(got) == {"actor/rlgates_gate_mean", "actor/rlgates_gate_zero"}
+
+
+def test_verl_unregistered_name_raises():
+    with pytest.raises(ValueError, match="Unsupported loss mode"):
+        get_policy_loss_fn("rlgates_never_registered")
+
+
+def test_verl_bypass_mode_replaces_the_loss_and_is_refused():
+    from pathlib import Path
+
+    import verl
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+
+    name = rverl.register(rlgates.get("dapo"))
+    # verl's legacy trainer: bypass mode overwrites the loss_mode, so an rlgates loss never runs
+    policy_loss = OmegaConf.create({"loss_mode": name})
+    batch = DataProto.from_dict(tensors={"rollout_log_probs": torch.zeros(2, 3)})
+    apply_bypass_mode(batch, RolloutCorrectionConfig.bypass_ppo_clip(), policy_loss)
+    assert policy_loss.loss_mode == "bypass_mode"
+
+    trainer_yaml = Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml"
+
+    def cfg(loss_mode, bypass):  # verl's own full trainer config, two fields set
+        c = OmegaConf.load(trainer_yaml)
+        c.algorithm.rollout_correction.bypass_mode = bypass
+        c.actor_rollout_ref.actor.policy_loss.loss_mode = loss_mode
+        return c
+
+    with pytest.raises(ValueError, match="bypass_mode"):
+        rverl.check_config(cfg(name, True))
+    rverl.check_config(cfg(name, False))
+    rverl.check_config(cfg("vanilla", True))  # verl's own losses: not the adapter's business
+    rverl.check_config({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": name}}}})
 
 
 def test_flag_table_names_every_method():

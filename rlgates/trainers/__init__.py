@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from .._numerics import LOG_RATIO_CLAMP
+from .. import _numerics as nx
 
 #: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
@@ -132,16 +132,16 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
 def gate_stats(method, logp, logp_old, adv, mask):
     """{"gate_mean": mean f', "gate_zero": share of tokens the gate shuts}, over the real tokens
     with A ≠ 0 (at A = 0 there is no signal to gate), at the ratio the gate sees (its sequence's
-    for a sequence-level method). For a trainer's logs."""
+    for a sequence-level method; the library's clamped ratio). rlgates' own quantities, for a
+    trainer's logs: they are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
     with torch.no_grad():
         m = mask != 0
-        dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
-        lr = torch.where(m, logp.to(dtype) - logp_old.to(dtype), 0.0)
-        if getattr(method, "level", "token") == "sequence":
-            lr = (lr.sum(-1) / m.sum(-1).clamp(min=1))[:, None].expand_as(lr)
-        a = adv.to(dtype)
-        a = a[:, None].expand_as(lr) if a.dim() == 1 else a
-        g = method.gate(torch.exp(lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), a)
+        dtype = nx.compute_dtype(logp, logp_old)
+        lr = nx.gate_log_ratio(logp.detach().to(dtype), logp_old.detach().to(dtype), m,
+                               getattr(method, "level", "token"))
+        a = adv.detach().to(dtype)
+        a = (a[:, None] if a.dim() == 1 else a).expand_as(lr)
+        g = method.gate(nx.ratio_from_log(lr), a)
         m = m & (a != 0)
         n = m.sum().clamp(min=1)
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}

@@ -1,30 +1,126 @@
 """Any rlgates method as a verl policy loss (tested with verl 0.9.1).
 
+    # my_losses.py: a module of yours, importable in every worker
+    import rlgates
     from rlgates.trainers import verl as rv
     rv.register(rlgates.get("sapo"))          # -> "rlgates_sapo"
-    # then run verl with actor_rollout_ref.actor.policy_loss.loss_mode=rlgates_sapo
+
+    # then run verl with
+    #   actor_rollout_ref.model.external_lib=my_losses
+    #   actor_rollout_ref.actor.policy_loss.loss_mode=rlgates_sapo
 
 verl stays the engine. `register` puts a function with verl's policy-loss signature
 (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
 into verl's registry with `register_policy_loss`, under a name of its own (`rlgates_<name>`), so
-that it never shadows verl's built-in losses. Call it in the process that builds the actor: on
-Ray, in code the worker imports (for example the module that defines your reward).
+that it never shadows verl's built-in losses.
+
+Where to register. verl's registry is a dict in each process, and the loss is looked up in the
+workers (verl/workers/utils/losses.py `ppo_loss` calls `get_policy_loss_fn(loss_mode)` there): a
+`register` call in the Ray driver does not reach them, and an unregistered name raises verl's
+"Unsupported loss mode". Put the call in a module and name it with
+`actor_rollout_ref.model.external_lib=<module>`: verl imports it in each worker when it builds
+the model config (`HFModelConfig.__post_init__` calls `import_external_libs(external_lib)`,
+verl/workers/config/model.py). (verl also imports the comma-separated modules of the environment
+variable VERL_USE_EXTERNAL_MODULES wherever `verl` itself is imported, if that variable reaches
+the workers.)
 
 The aggregation follows verl's `loss_agg_mode` (and so its global batch information: dp_size,
 batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do; pass
 `agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean). The gate comes
 from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read. Rollout correction
 weights (`rollout_is_weights`, off by default) multiply each token's objective, as in verl.
+
+Metrics. verl's built-in losses each define actor/pg_clipfrac, actor/pg_clipfrac_lower and
+actor/ppo_kl in their own way (`VERL_METRICS`). A method with a built-in of the same family
+(`rlgates.trainers.flags(m)["verl"]`: vanilla for ppo/grpo/dapo/dual_clip, gspo, sapo, cispo)
+logs under those names exactly what that built-in logs on the same micro-batch, at the method's
+own clip settings. A method without one (sao, reinforce, your own) logs nothing under verl's
+names. Every method also logs rlgates' own `actor/rlgates_gate_mean` and
+`actor/rlgates_gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens).
+
+Bypass mode. verl's `algorithm.rollout_correction.bypass_mode=True` does not run your loss as
+you configured it. On the legacy trainer (`trainer.use_v1=false`, ray_trainer.py)
+`apply_bypass_mode` (verl/trainer/ppo/rollout_corr_helper.py) overwrites
+`policy_loss.loss_mode` with "bypass_mode", so an rlgates loss never runs. On the v1 trainer
+(verl 0.9.1's default) the loss runs, but with old_log_prob = the rollout's log-probs and without
+the rollout correction (IS weights, rejection sampling) that bypass mode's settings ask for.
+The loss cannot see this: it receives only the actor's config, and
+`algorithm.rollout_correction` is not in it (on the legacy trainer it is not called at all). So
+call `check_config(config)` on the full trainer config in your entry point (before
+`run_ppo(config)`): it raises ValueError for an rlgates loss_mode with bypass mode on.
 """
 
 from __future__ import annotations
 
 import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+from verl.utils import torch_functional as verl_F
 
-from . import gate_stats, loss
+from .. import _numerics as nx
+from . import flags, gate_stats, loss
 
 PREFIX = "rlgates_"
+
+
+def _mean(x, m):  # verl's own masked_mean: Σ/(n + 1e-8); counts as float32, as verl's .float()
+    return verl_F.masked_mean(x, m).item()
+
+
+def _kl(lr, m):  # the ±20-clamped log-ratio, as vanilla, sapo and cispo log it
+    return _mean(-lr.clamp(-nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP), m)
+
+
+def _vanilla(lp, old, a, m, f):  # compute_policy_loss_vanilla (dual-clip with clip_ratio_c)
+    lr = nx.gate_log_ratio(lp, old, m)
+    r = nx.ratio_from_log(lr)
+    l1, l2 = -a * r, -a * r.clamp(1 - f["clip_ratio_low"], 1 + f["clip_ratio_high"])
+    lower = (torch.maximum(l1, l2) > -a * f["clip_ratio_c"]) & (a < 0)  # only here: ρ > c, A < 0
+    return {"actor/pg_clipfrac": _mean((l2 > l1).float(), m), "actor/ppo_kl": _kl(lr, m),
+            "actor/pg_clipfrac_lower": _mean(lower.float(), m)}
+
+
+def _gspo(lp, old, a, m, f):  # compute_policy_loss_gspo: a token share of the sequence clip
+    lr = nx.gate_log_ratio(lp, old, m)
+    s = torch.exp(nx.gate_log_ratio(lp, old, m, "sequence").clamp(max=10.0))  # verl: +10 only
+    l1, l2 = -a * s, -a * s.clamp(1 - f["clip_ratio_low"], 1 + f["clip_ratio_high"])
+    return {"actor/pg_clipfrac": _mean((l2 > l1).float(), m),
+            "actor/ppo_kl": _mean(-lr, m),  # verl's gspo does not clamp the log-ratio here
+            "actor/pg_clipfrac_lower": 0.0}
+
+
+def _sapo(lp, old, a, m, f):  # compute_policy_loss_sapo: no clip, so both fractions are 0
+    return {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": _kl(nx.gate_log_ratio(lp, old, m), m),
+            "actor/pg_clipfrac_lower": 0.0}
+
+
+def _cispo(lp, old, a, m, f):  # compute_policy_loss_cispo: a clipped weight, either side, any A
+    lr = nx.gate_log_ratio(lp, old, m)
+    r = nx.ratio_from_log(lr)
+    clipped = r != r.clamp(1 - f["clip_ratio_low"], 1 + f["clip_ratio_high"])
+    return {"actor/pg_clipfrac": _mean(clipped.float(), m), "actor/ppo_kl": _kl(lr, m),
+            "actor/pg_clipfrac_lower": 0.0}
+
+
+#: verl loss_mode -> (log π, log π_old, A [B, T], bool mask, the method's verl flags) -> the
+#: metrics verl's built-in of that name returns (verl 0.9.1, trainer/ppo/core_algos.py).
+VERL_METRICS = {"vanilla": _vanilla, "gspo": _gspo, "sapo": _sapo, "cispo": _cispo}
+
+
+def metrics(method, log_prob, old_log_prob, advantages, response_mask) -> dict:
+    """The adapter's metrics for one micro-batch: verl's names and definitions where `method`
+    has a verl built-in of its family, rlgates' gate statistics always."""
+    out = {f"actor/rlgates_{k}": v for k, v in
+           gate_stats(method, log_prob, old_log_prob, advantages, response_mask).items()}
+    f = flags(method)["verl"]
+    if f is None or f["loss_mode"] not in VERL_METRICS:
+        return out
+    with torch.no_grad():
+        m = response_mask != 0
+        dtype = nx.compute_dtype(log_prob, old_log_prob)
+        lp, old = log_prob.detach().to(dtype), old_log_prob.detach().to(dtype)
+        a = advantages.detach().to(dtype)
+        a = (a[:, None] if a.dim() == 1 else a).expand_as(lp)
+        return {**VERL_METRICS[f["loss_mode"]](lp, old, a, m, f), **out}
 
 
 def policy_loss(method, agg=None):
@@ -52,16 +148,8 @@ def policy_loss(method, agg=None):
                 length = info.get("loss_scale_factor")
         out = loss(method, log_prob, old_log_prob, advantages, response_mask, mode,
                    norm=norm, length=length, is_weight=rollout_is_weights)
-        stats = gate_stats(method, log_prob, old_log_prob, advantages, response_mask)
-        m = response_mask != 0
-        kl = -((log_prob - old_log_prob).detach() * m).sum() / m.sum().clamp(min=1)
-        metrics = {
-            "actor/pg_clipfrac": stats["gate_zero"],
-            "actor/ppo_kl": kl.item(),
-            "actor/pg_clipfrac_lower": 0.0,
-            "actor/rlgates_gate_mean": stats["gate_mean"],
-        }
-        return out.to(log_prob.dtype), metrics
+        return out.to(log_prob.dtype), metrics(method, log_prob, old_log_prob, advantages,
+                                               response_mask)
 
     fn.__name__ = f"{PREFIX}{method.name}"
     fn.__doc__ = f"rlgates' {method!r} under verl's policy-loss signature."
@@ -77,4 +165,25 @@ def register(method, name=None, agg=None) -> str:
     return name
 
 
-__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "policy_loss", "register"]
+def _get(cfg, path):
+    for key in path.split("."):
+        if cfg is None:
+            return None
+        cfg = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+    return cfg
+
+
+def check_config(config) -> None:
+    """Raise ValueError if verl's full trainer `config` (a DictConfig or a dict) runs an rlgates
+    loss with `algorithm.rollout_correction.bypass_mode` on (see the module docstring)."""
+    mode = _get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") or ""
+    if str(mode).startswith(PREFIX) and _get(config, "algorithm.rollout_correction.bypass_mode"):
+        raise ValueError(
+            f"loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=True: verl's "
+            "legacy trainer replaces the loss with its 'bypass_mode' loss, and the v1 trainer "
+            "runs it against the rollout's log-probs without the rollout correction you set. "
+            "Set bypass_mode=False to train with the rlgates loss.")
+
+
+__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "VERL_METRICS", "check_config", "metrics",
+           "policy_loss", "register"]
