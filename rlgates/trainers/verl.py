@@ -15,6 +15,11 @@ batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do
 `agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean). The gate comes
 from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read. Rollout correction
 weights (`rollout_is_weights`, off by default) multiply each token's objective, as in verl.
+
+`patch_environment()` (explicit; importing this module does not call it): verl 0.9.1 imports
+TRL's value-head model, which TRL 1.16.0 removed, on every model build; this provides a stand-in
+where verl looks, only if TRL lacks it (rlgates.trainers._verl_compat says why and what). Call it
+before verl builds its engine, in that process.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 
 from . import gate_stats, loss
+from ._verl_compat import patch_environment
 
 PREFIX = "rlgates_"
 
@@ -77,4 +83,4 @@ def register(method, name=None, agg=None) -> str:
     return name
 
 
-__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "policy_loss", "register"]
+__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "patch_environment", "policy_loss", "register"]
