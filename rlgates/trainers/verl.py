@@ -48,6 +48,11 @@ The loss cannot see this: it receives only the actor's config, and
 `algorithm.rollout_correction` is not in it (on the legacy trainer it is not called at all). So
 call `check_config(config)` on the full trainer config in your entry point (before
 `run_ppo(config)`): it raises ValueError for an rlgates loss_mode with bypass mode on.
+
+`patch_environment()` (explicit; importing this module does not call it): verl 0.9.1 imports
+TRL's value-head model, which TRL 1.16.0 removed, on every model build; this provides a stand-in
+where verl looks, only if TRL lacks it (rlgates.trainers._verl_compat says why and what). Call it
+before verl builds its engine, in that process.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from verl.utils import torch_functional as verl_F
 
 from .. import _numerics as nx
 from . import flags, gate_stats, loss
+from ._verl_compat import patch_environment
 
 PREFIX = "rlgates_"
 
@@ -186,4 +192,4 @@ def check_config(config) -> None:
 
 
 __all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "VERL_METRICS", "check_config", "metrics",
-           "policy_loss", "register"]
+           "patch_environment", "policy_loss", "register"]
