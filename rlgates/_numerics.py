@@ -128,9 +128,10 @@ def aggregate(values, mask, agg):
     - seq-mean-token-sum-norm (Dr. GRPO's constant normaliser): the mean, over sequences with
       ≥1 token, of Σ_t v·m / T, T = mask.shape[-1].
 
-    A fully masked batch gives 0. seq-mean-token-sum-norm follows the trainer that divides by
-    batch × max length (per-sequence token sums over the padded length T, then the batch mean);
-    another trainer divides the total by T alone, which is ours times the number of sequences.
+    A fully masked batch gives 0. seq-mean-token-sum-norm divides by N × T, as verl 0.9.1 and
+    TRL 1.16 do (per-sequence token sums over the padded length T, then the mean over the N
+    non-empty sequences; the trainers differ in what N and T count, see chapter 10); older verl
+    releases divided the total by T alone, which is ours times N.
     Pad to a fixed generation budget so that T, and with it the normaliser, stays constant
     during training.
     """

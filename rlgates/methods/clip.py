@@ -148,9 +148,11 @@ class GSPO(SignClip):
     paper = "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071"
     defaults = {"eps_low": 3e-4, "eps_high": 4e-4}
     agg = "seq-mean-token-mean"
-    agg_source = ("GSPO's objective is a mean over the G responses, each weighted once. verl's "
-                  "gspo loss uses seq-mean-token-mean, and TRL with "
-                  "importance_sampling_level='sequence' takes a per-sequence mean.")
+    agg_source = ("GSPO's objective is a mean over the G responses, each weighted once. Neither "
+                  "trainer does this by default: verl's gspo loss follows the actor's "
+                  "loss_agg_mode (default token-mean), and TRL's sequence-level ratio under its "
+                  "default loss_type 'dapo' weighs each response by its length. Set "
+                  "loss_agg_mode=seq-mean-token-mean in verl, loss_type='grpo' in TRL.")
     trainer_flags = {
         "verl": {"loss_mode": "gspo", "clip_ratio_low": "eps_low", "clip_ratio_high": "eps_high",
                  "loss_agg_mode": "seq-mean-token-mean"},

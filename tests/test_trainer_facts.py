@@ -1,0 +1,94 @@
+"""What the book says verl and TRL do, read from the installed trainers.
+
+Each test reads a default from what a user of the pinned trainer gets (verl's generated Hydra
+config, a constructed `GRPOConfig`) or runs the trainer's own function on a batch, and asserts the
+sentence of rlgates or the book that states it. An upgrade of either trainer then fails here, on
+the sentence it breaks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+pytest.importorskip("trl")
+
+import verl  # noqa: E402
+import yaml  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+import rlgates  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VERL_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+
+
+@pytest.fixture(scope="module")
+def verl_defaults():
+    """The resolved defaults of verl's PPO trainer, as `main_ppo` composes them."""
+    return yaml.safe_load(VERL_CONFIG.read_text())
+
+
+def _ragged(lengths, T):
+    mask = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    old = -torch.linspace(0.5, 2.5, len(lengths) * T, dtype=torch.float64).reshape(-1, T)
+    return old, mask
+
+
+def test_gspo_default_aggregation_is_not_verls_or_trls(verl_defaults, tmp_path):
+    """E1: GSPO's paper averages responses (seq-mean-token-mean); verl's gspo follows the actor's
+    loss_agg_mode, token-mean by default, and TRL's default loss_type is 'dapo'."""
+    actor = verl_defaults["actor_rollout_ref"]["actor"]
+    assert actor["loss_agg_mode"] == "token-mean"
+    assert GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                      bf16=False).loss_type == "dapo"
+    # verl's gspo at the actor's default weighs each response by its length
+    lengths, T = [2, 8, 3, 6], 8
+    old, mask = _ragged(lengths, T)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)[:, None].expand(4, T)
+    cfg = FSDPActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=4,
+                          clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    per_response = {}
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        lp = old.clone().requires_grad_(True)  # ρ = 1: every sequence gate open
+        loss, _ = get_policy_loss_fn("gspo")(old_log_prob=old, log_prob=lp, advantages=adv,
+                                             response_mask=mask, loss_agg_mode=agg, config=cfg)
+        loss.backward()
+        per_response[agg] = lp.grad.abs().sum(-1)
+    length = torch.tensor(lengths, dtype=torch.float64)
+    assert torch.allclose(per_response["token-mean"], length / length.sum())
+    assert torch.allclose(per_response["seq-mean-token-mean"], torch.full((4,), 0.25,
+                                                                          dtype=torch.float64))
+    # rlgates' default is the paper's, and its stated source says the trainers' defaults differ
+    gspo = rlgates.get("gspo")
+    assert gspo.agg == "seq-mean-token-mean"
+    for phrase in ("loss_agg_mode", "token-mean", "loss_type='grpo'", "'dapo'"):
+        assert phrase in gspo.agg_source, phrase
+    assert "gspo loss uses seq-mean-token-mean" not in gspo.agg_source
+    ch8 = " ".join((ROOT / "chapters" / "08_gspo.md").read_text().split())
+    assert "verl's `gspo` follows the actor's `loss_agg_mode`, `token-mean` by default" in ch8
+    assert "GSPO's trainers average over responses" not in ch8
+
+
+def test_constant_normaliser_is_n_times_t_in_verl(verl_defaults):
+    """E3: verl's seq-mean-token-sum-norm divides the sum of sequence sums by N x T, N the
+    non-empty sequences and T the padded width unless loss_scale_factor is set (TRL's dr_grpo,
+    sum / (rows x max_completion_length), is measured in tests/test_trainers.py)."""
+    old, mask = _ragged([3, 0, 5, 2], 6)
+    loss_mat = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    total = float((loss_mat * mask).sum())
+    v = agg_loss(loss_mat, mask.double(), "seq-mean-token-sum-norm")
+    assert float(v) == pytest.approx(total / (3 * 6), rel=1e-12)  # N = 3 non-empty, T = 6
+    assert float(v) != pytest.approx(total / 6, rel=1e-3)          # not T alone (older verl)
+    v8 = agg_loss(loss_mat, mask.double(), "seq-mean-token-sum-norm", loss_scale_factor=8)
+    assert float(v8) == pytest.approx(total / (3 * 8), rel=1e-12)
+    # chapter 10 states it so, and no longer says that a current trainer divides by T alone
+    text = " ".join((ROOT / "chapters" / "10_loss_aggregation.md").read_text().split())
+    assert "verl 0.9.1 and TRL 1.16.0 both divide by $N \\times T$" in text
+    assert "one divides the total by $T$ alone" not in text
+    assert verl.__version__ == "0.9.1"
