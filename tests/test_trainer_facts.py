@@ -8,6 +8,7 @@ the sentence it breaks.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ pytest.importorskip("trl")
 
 import verl  # noqa: E402
 import yaml  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
 
@@ -92,3 +93,38 @@ def test_constant_normaliser_is_n_times_t_in_verl(verl_defaults):
     assert "verl 0.9.1 and TRL 1.16.0 both divide by $N \\times T$" in text
     assert "one divides the total by $T$ alone" not in text
     assert verl.__version__ == "0.9.1"
+
+
+def test_which_regime_each_trainer_starts_in(verl_defaults, tmp_path):
+    """E10: TRL's defaults take one optimiser step per generation batch, and recompute the old
+    log-probs only when asked to (steps out of step) or under vLLM with its default correction;
+    verl's defaults take train_batch_size / ppo_mini_batch_size optimiser steps per rollout."""
+    cfg = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    assert cfg.num_iterations == 1 and cfg.use_vllm is False
+    assert cfg.steps_per_generation == cfg.gradient_accumulation_steps
+    assert cfg.vllm_importance_sampling_correction is True
+    code = " ".join(inspect.getsource(GRPOTrainer._generate_and_score_completions).split())
+    assert ("if self.args.gradient_accumulation_steps % generate_every != 0 or ( self.use_vllm "
+            "and self.vllm_importance_sampling_correction ):") in code
+    data, actor = verl_defaults["data"], verl_defaults["actor_rollout_ref"]["actor"]
+    assert (data["train_batch_size"], actor["ppo_mini_batch_size"]) == (1024, 256)
+    assert actor["ppo_epochs"] == 1
+    steps = data["train_batch_size"] // actor["ppo_mini_batch_size"]
+    ch1 = " ".join((ROOT / "chapters" / "01_importance_ratio.md").read_text().split())
+    assert "`data.train_batch_size=1024` prompts per rollout" in ch1
+    assert f"`ppo_mini_batch_size=256`, give {['no', 'one', 'two', 'three', 'four'][steps]}" in ch1
+    assert "default `vllm_importance_sampling_correction=True` makes it recompute them" in ch1
+
+
+def test_clip_fraction_is_counted_per_trainer_and_loss():
+    """E20: TRL's clip_ratio/* averages one value per response at sequence level and every valid
+    token at token level; verl's per-loss definitions are run against verl's own functions in
+    tests/test_trainers.py (test_verl_metrics_are_verls_own). The glossary says both."""
+    code = " ".join(inspect.getsource(GRPOTrainer._compute_loss).split())
+    assert ('if x.shape[1] == 1: # when importance_sampling_level == "sequence": one value per '
+            'sequence local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0])') in code
+    assert 'self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(' in code
+    glossary = " ".join((ROOT / "glossary.md").read_text().split())
+    assert "for `sapo` it is 0; for `cispo` it counts every token whose weight is clipped" in glossary
+    assert "a share of responses with `importance_sampling_level=\"sequence\"`" in glossary
+    assert "by its sequence count under the seq-mean modes (verl's `global_batch_size`)" in glossary
