@@ -128,3 +128,17 @@ def test_clip_fraction_is_counted_per_trainer_and_loss():
     assert "for `sapo` it is 0; for `cispo` it counts every token whose weight is clipped" in glossary
     assert "a share of responses with `importance_sampling_level=\"sequence\"`" in glossary
     assert "by its sequence count under the seq-mean modes (verl's `global_batch_size`)" in glossary
+
+
+def test_gradient_clipping_defaults_and_what_neither_trainer_logs(verl_defaults, tmp_path):
+    """Ch. 11: both trainers clip the gradient norm at 1.0 by default; neither logs a largest
+    |log rho| (newcomer's note 1), which is why ch. 11 states its range as an inference."""
+    assert verl_defaults["actor_rollout_ref"]["actor"]["grad_clip"] == 1.0
+    cfg = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    assert cfg.max_grad_norm == 1.0
+    trl_code = inspect.getsource(GRPOTrainer)
+    verl_src = (Path(verl.__file__).parent / "trainer" / "ppo" / "core_algos.py").read_text()
+    for code in (trl_code, verl_src):
+        assert "max_log_ratio" not in code and "log_ratio_max" not in code
+    ch11 = " ".join((ROOT / "chapters" / "11_training_lab.md").read_text().split())
+    assert "Neither trainer logs the largest $|\\log\\rho_t|$ of an update" in ch11
