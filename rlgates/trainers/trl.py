@@ -14,9 +14,10 @@ normaliser TRL's `loss_type` prescribes (see `trl_loss`). The gate comes from `m
 
 Features of TRL's own loss that the adapter does not carry raise ValueError at construction: a KL
 term (`beta`), the entropy bonus and mask, the off-policy mask, vLLM importance correction, the
-MoE aux loss, image inputs, and `loss_type` values outside `TRL_AGG`. With TRL's default
-`num_iterations=1` (and no mini-batching) the old log-probs equal the current ones, ρ = 1 and no
-gate ever acts: use num_iterations ≥ 2 or steps_per_generation > gradient_accumulation_steps.
+MoE aux loss and `loss_type` values outside `TRL_AGG` (all listed in `REFUSED`); image inputs
+raise in `compute_loss`. With TRL's default `num_iterations=1` (and no mini-batching) the old
+log-probs equal the current ones, ρ = 1 and no gate ever acts: use num_iterations ≥ 2 or
+steps_per_generation > gradient_accumulation_steps.
 """
 
 from __future__ import annotations
@@ -32,6 +33,35 @@ TRL_AGG = {
     "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm", "dapo": "token-mean", "cispo": "token-mean",
 }
+
+
+def _level_mismatch(t):
+    level = getattr(t.method, "level", "token")
+    return t.args.importance_sampling_level != level and (
+        f"{t.args.importance_sampling_level!r} while {t.method.name} works at the {level} level")
+
+
+#: What RlgatesGRPOTrainer refuses at construction: (the TRL setting, the feature of TRL's own
+#: loss it turns on, a test on the trainer: true, or a string that details it, when it is on).
+#: `_check_supported` raises ValueError for every entry that holds; the book's chapter 14 renders
+#: this tuple as its table. Image inputs (pixel_values) are refused later, in `compute_loss`.
+REFUSED = (
+    ("beta != 0", "a KL term to the reference model", lambda t: t.beta != 0.0),
+    ("top_entropy_quantile < 1", "the entropy mask (only the highest-entropy tokens learn)",
+     lambda t: t.top_entropy_quantile < 1.0),
+    ("off_policy_mask_threshold", "the off-policy sequence mask",
+     lambda t: t.off_policy_mask_threshold is not None),
+    ("vllm_importance_sampling_correction", "vLLM's sampler-trainer correction (use_vllm)",
+     lambda t: t.use_vllm and t.vllm_importance_sampling_correction),
+    ("entropy_coef != 0 or use_adaptive_entropy", "an entropy bonus",
+     lambda t: t._entropy_bonus_enabled),
+    ("router_aux_loss_coef != 0 (MoE model)", "the MoE router's aux loss",
+     lambda t: t.aux_loss_enabled),
+    ("loss_type outside TRL_AGG", "a normaliser with no rlgates mapping",
+     lambda t: t.loss_type not in TRL_AGG and f"{t.loss_type!r}; mapped: {sorted(TRL_AGG)}"),
+    ("importance_sampling_level != the method's level", "a ratio at another level",
+     _level_mismatch),
+)
 
 
 def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_length=None,
@@ -110,25 +140,11 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         self._check_supported()
 
     def _check_supported(self):
-        a, bad = self.args, []
-        if self.beta != 0.0:
-            bad.append("beta != 0 (a KL term)")
-        if self.top_entropy_quantile < 1.0:
-            bad.append("top_entropy_quantile < 1")
-        if self.off_policy_mask_threshold is not None:
-            bad.append("off_policy_mask_threshold")
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            bad.append("vllm_importance_sampling_correction")
-        if self._entropy_bonus_enabled:
-            bad.append("an entropy bonus")
-        if self.aux_loss_enabled:
-            bad.append("the MoE aux loss")
-        if self.loss_type not in TRL_AGG:
-            bad.append(f"loss_type={self.loss_type!r} (mapped: {sorted(TRL_AGG)})")
-        level = getattr(self.method, "level", "token")
-        if a.importance_sampling_level != level:
-            bad.append(f"importance_sampling_level={a.importance_sampling_level!r} while "
-                       f"{self.method.name} works at the {level} level")
+        bad = []
+        for setting, _, holds in REFUSED:
+            found = holds(self)
+            if found:
+                bad.append(setting + (f" ({found})" if isinstance(found, str) else ""))
         if bad:
             raise ValueError("RlgatesGRPOTrainer does not carry: " + "; ".join(bad))
 
@@ -164,4 +180,4 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         return out.to(logp.dtype)
 
 
-__all__ = ["TRL_AGG", "RlgatesGRPOTrainer", "builtin_loss", "trl_loss"]
+__all__ = ["REFUSED", "TRL_AGG", "RlgatesGRPOTrainer", "builtin_loss", "trl_loss"]
