@@ -142,3 +142,15 @@ def test_gradient_clipping_defaults_and_what_neither_trainer_logs(verl_defaults,
         assert "max_log_ratio" not in code and "log_ratio_max" not in code
     ch11 = " ".join((ROOT / "chapters" / "11_training_lab.md").read_text().split())
     assert "Neither trainer logs the largest $|\\log\\rho_t|$ of an update" in ch11
+
+
+def test_trl_token_normaliser_spans_the_generation_batch():
+    """E18: TRL's dapo/cispo normaliser is num_items_in_batch / num_processes x GA / spg."""
+    code = inspect.getsource(GRPOTrainer._compute_loss)
+    assert ('normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / '
+            'self.accelerator.num_processes') in code
+    assert ("normalizer = normalizer * self.current_gradient_accumulation_steps / "
+            "self.args.steps_per_generation") in code
+    ch14 = " ".join((ROOT / "chapters" / "14_real_trainers.md").read_text().split())
+    assert "by `num_items_in_batch / num_processes × GA / steps_per_generation`" in ch14
+    assert "TRL's `dapo` and verl's `token-mean` divide by the token count of the whole" not in ch14
