@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from .. import _numerics as nx
 from .._numerics import LOG_RATIO_CLAMP
 
 #: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
@@ -118,7 +119,7 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
     out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight)
     if norm is None and length is None:
         return out
-    m = torch.ones(logp.shape, dtype=torch.bool, device=logp.device) if mask is None else mask != 0
+    m = nx.check_mask(mask, logp.shape, logp.device)
     scale = out.new_tensor(1.0)
     if norm is not None:
         scale = scale * _local_count(m, agg).to(out.dtype) / torch.as_tensor(norm).to(out)
@@ -134,7 +135,7 @@ def gate_stats(method, logp, logp_old, adv, mask):
     with A ≠ 0 (at A = 0 there is no signal to gate), at the ratio the gate sees (its sequence's
     for a sequence-level method). For a trainer's logs."""
     with torch.no_grad():
-        m = mask != 0
+        m = nx.check_mask(mask, logp.shape, logp.device)
         dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
         lr = torch.where(m, logp.to(dtype) - logp_old.to(dtype), 0.0)
         if getattr(method, "level", "token") == "sequence":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 
+from .. import _numerics as nx
 from . import gate_stats, loss
 
 PREFIX = "rlgates_"
@@ -53,7 +54,7 @@ def policy_loss(method, agg=None):
         out = loss(method, log_prob, old_log_prob, advantages, response_mask, mode,
                    norm=norm, length=length, is_weight=rollout_is_weights)
         stats = gate_stats(method, log_prob, old_log_prob, advantages, response_mask)
-        m = response_mask != 0
+        m = nx.check_mask(response_mask, log_prob.shape, log_prob.device)
         kl = -((log_prob - old_log_prob).detach() * m).sum() / m.sum().clamp(min=1)
         metrics = {
             "actor/pg_clipfrac": stats["gate_zero"],
