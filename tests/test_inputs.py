@@ -197,6 +197,18 @@ def _mask_callers():
         "offpolicy.Unweighted.weight": lambda mk: offpolicy.Unweighted().weight(
             logp, logp_old, mk),
     }
+    try:  # the trainer adapters import their trainer
+        from rlgates.trainers import trl as rt
+        callers["trainers.trl.trl_loss"] = lambda mk: rt.trl_loss(m, logp, logp_old, adv, mk,
+                                                                  "dapo")
+    except ImportError:
+        pass
+    try:
+        from rlgates.trainers import verl as rv
+        callers["trainers.verl.policy_loss"] = lambda mk: rv.policy_loss(m)(
+            logp_old, logp, adv[:, None].expand_as(logp), mk)[0]
+    except ImportError:
+        pass
     return callers
 
 
