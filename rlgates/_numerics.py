@@ -52,19 +52,26 @@ def check_loss_inputs(logp, logp_old, adv, mask, agg):
         adv = adv[:, None]  # [B, 1]: broadcasts, and per-sequence work stays per sequence
     elif adv.shape != (B, T):
         raise ValueError(f"adv must be [B]=({B},) or [B, T]=({B}, {T}), got {tuple(adv.shape)}")
-    if mask is None:
-        mask = torch.ones(B, T, dtype=torch.bool, device=logp.device)
-    else:
-        if not isinstance(mask, torch.Tensor):
-            raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-        if mask.shape != (B, T):
-            raise ValueError(f"mask must be [B, T]=({B}, {T}), got {tuple(mask.shape)}")
-        if mask.dtype != torch.bool:
-            mask = _bool_mask(mask)
+    mask = check_mask(mask, (B, T), logp.device)
     if agg not in AGG_MODES:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
     dtype = compute_dtype(logp, logp_old, adv)
     return logp.to(dtype), logp_old.detach().to(dtype), adv.detach().to(dtype), mask
+
+
+def check_mask(mask, shape, device=None):
+    """The one mask rule of the library: None (every token is real), or a torch.Tensor of
+    `shape` that is bool or holds only 0 and 1 (float or int; NaN, 0.5 or 2 are refused).
+    Returns a bool tensor. Every public function that takes a mask calls this, so a bad mask
+    gets the same ValueError everywhere (tests/test_inputs.py)."""
+    shape = tuple(shape)
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
+    return mask if mask.dtype == torch.bool else _bool_mask(mask)
 
 
 def _bool_mask(mask):
@@ -135,6 +142,11 @@ def aggregate(values, mask, agg):
     Pad to a fixed generation budget so that T, and with it the normaliser, stays constant
     during training.
     """
+    try:  # values may broadcast against the mask ([B, 1] at sequence level)
+        shape = torch.broadcast_shapes(values.shape, mask.shape)
+    except (RuntimeError, AttributeError):
+        shape = values.shape
+    mask = check_mask(mask, shape)
     masked = torch.where(mask, values, 0.0)
     if agg == "token-mean":
         return masked.sum() / mask.sum().clamp(min=1)
@@ -149,7 +161,7 @@ def aggregate(values, mask, agg):
 
 def aggregation_weight(mask, agg):
     """The weight w_t with aggregate(v) = Σ_t w_t·v_t: the per-token factor in every gradient."""
-    m = mask.to(torch.float64)
+    m = check_mask(mask, mask.shape).to(torch.float64)
     if agg == "token-mean":
         return m / m.sum().clamp(min=1)
     lengths = m.sum(-1, keepdim=True)

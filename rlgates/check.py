@@ -10,9 +10,9 @@ from .methods import get
 def check_gradient(method, logp, logp_old, adv, mask=None, agg=None, is_weight=None):
     """Return (autograd gradient, closed-form gradient, max abs difference) of `method.loss`.
 
-    agg None: the method's own default aggregation. Float32 caveat: SAPO's closed-form gate
-    sech² stays positive out to ρ ≈ 95 in float32, while autograd's derivative through the
-    sigmoid underflows to 0 from ρ ≈ 18; compare in float64 there.
+    agg None: the method's own default aggregation. SAPO's backward uses its closed-form gate
+    sech², so in float32 the two agree out to ρ ≈ 91, where that gate underflows (autograd's
+    derivative of the sigmoid itself would be 0 from ρ ≈ 18; tests/test_gradients.py).
     """
     method = get(method) if isinstance(method, str) else method
     leaf = logp.detach().clone().requires_grad_(True)

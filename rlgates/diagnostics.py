@@ -78,12 +78,12 @@ def token_gates(method, logp, logp_old, adv, mask):
     """(gate, log ρ) per token, [..., B, T]: the gate f'(ρ; A) each token saw and the log-ratio
     it saw (the token's own, or its sequence's at sequence level). adv: [..., B] or [..., B, T]."""
     logp = logp.detach()
+    mask = nx.check_mask(mask, logp.shape, logp.device)
     if adv.dim() == logp.dim() - 1:
         adv = adv[..., None]
     adv = adv.detach().to(logp.dtype).expand_as(logp)
     T = logp.shape[-1]
-    flat = (logp.reshape(-1, T), logp_old.reshape(-1, T).to(logp.dtype),
-            mask.bool().reshape(-1, T))
+    flat = (logp.reshape(-1, T), logp_old.reshape(-1, T).to(logp.dtype), mask.reshape(-1, T))
     level = getattr(method, "level", "token")
     gate_lr = nx.gate_log_ratio(*flat, level).reshape(logp.shape)
     gate = method.gate(nx.ratio_from_log(gate_lr), adv)
@@ -113,9 +113,7 @@ def step_stats(method, logp, logp_old, adv, mask=None, entropy=None, agg=None) -
         `.agg`, else token-mean).
     """
     logp = logp.detach()
-    if mask is None:
-        mask = torch.ones_like(logp, dtype=torch.bool)
-    mask = mask.bool()
+    mask = nx.check_mask(mask, logp.shape, logp.device)
     if adv.dim() == logp.dim() - 1:
         adv = adv[..., None]
     adv = adv.detach().to(logp.dtype).expand_as(logp)

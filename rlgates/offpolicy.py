@@ -143,13 +143,7 @@ def log_weight(logp_target, logp_behaviour, mask=None, level="token"):
     if logp_target.dim() != 2 or logp_target.shape != logp_behaviour.shape:
         raise ValueError("logp_target and logp_behaviour must both be [B, T], got "
                          f"{tuple(logp_target.shape)} and {tuple(logp_behaviour.shape)}")
-    if mask is None:
-        mask = torch.ones_like(logp_target, dtype=torch.bool)
-    else:
-        mask = torch.as_tensor(mask, device=logp_target.device)
-        if mask.shape != logp_target.shape:
-            raise ValueError(f"mask must be {tuple(logp_target.shape)}, got {tuple(mask.shape)}")
-        mask = mask != 0
+    mask = nx.check_mask(mask, logp_target.shape, logp_target.device)
     dtype = nx.compute_dtype(logp_target, logp_behaviour)
     lw = nx.token_log_ratio(logp_target.to(dtype), logp_behaviour.to(dtype), mask)
     if level == "sequence":

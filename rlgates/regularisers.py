@@ -64,15 +64,7 @@ def _estimator(estimator):
 
 
 def _mask(mask, shape, device):
-    if mask is None:
-        return torch.ones(shape, dtype=torch.bool, device=device)
-    if not isinstance(mask, torch.Tensor):
-        raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.shape != shape:
-        raise ValueError(f"mask must have shape {tuple(shape)}, got {tuple(mask.shape)}")
-    if mask.dtype != torch.bool:
-        mask = nx._bool_mask(mask)  # the losses' rule: 0/1 floats or ints, one pass each
-    return mask
+    return nx.check_mask(mask, shape, device)  # the losses' rule
 
 
 # --- per-token estimators ------------------------------------------------------------------------

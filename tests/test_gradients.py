@@ -155,3 +155,81 @@ def test_clipped_tokens_get_exactly_zero_gradient():
     # clipped: A>0 with ρ>1+ε, A<0 with ρ<1−ε; the others get −ρ·A/N
     expected = torch.tensor([[0.0, -1.1 / 4, 0.0, 0.9 / 4]], dtype=torch.float64)
     assert torch.allclose(leaf.grad, expected, rtol=1e-14, atol=0)
+
+
+# --- SAPO in float32: the trained gradient is the closed-form gate -------------------------------
+
+_LN80 = float(torch.log(torch.tensor(80.0, dtype=torch.float64)))
+
+
+def _sapo_float32_grads(m, sign, agg, dtype=torch.float32):
+    """(autograd gradient of m.loss, the closed form −sech²(τ(ρ−1)/2)·ρ·A·w in float64) on one
+    sequence of 64 tokens, log ρ from −3 to ln 80, A = ±1, inputs of `dtype` (lifted to float32)."""
+    logp = torch.linspace(-3.0, _LN80, 64, dtype=torch.float64)[None, :].to(dtype)
+    logp_old = torch.zeros_like(logp)
+    adv = torch.full((1,), sign, dtype=dtype)
+    mask = torch.ones(logp.shape, dtype=torch.float32)  # a float 0/1 mask, as trainers pass it
+    leaf = logp.clone().requires_grad_(True)
+    (auto,) = torch.autograd.grad(m.loss(leaf, logp_old, adv, mask, agg), leaf)
+    ratio = logp.to(torch.float64).exp()
+    tau = m.hparams["tau_pos"] if sign > 0 else m.hparams["tau_neg"]
+    w = rlgates.aggregation_weight(mask.bool(), agg or m.agg)
+    closed = -torch.cosh(tau * (ratio - 1) / 2).pow(-2) * ratio * sign * w
+    return auto, closed
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("hparams", [{}, {"tau_pos": 0.7, "tau_neg": 1.1}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sapo_float32_gradient_equals_the_closed_form_gate(agg, sign, hparams, dtype):
+    """In float32 (bf16 is computed in float32), autograd's gradient of SAPO's loss equals
+    −sech²(τ(ρ−1)/2)·ρ·A·w to rtol 1e-4 for ρ up to 80, and is nonzero wherever the float32
+    closed-form gate is: the sigmoid's own derivative would be exactly 0 from ρ ≈ 18.3."""
+    m = rlgates.get("sapo", **hparams)
+    auto, closed = _sapo_float32_grads(m, sign, agg, dtype)
+    assert auto.dtype == dtype  # computed in float32, returned in the leaf's dtype
+    rtol = 1e-4 if dtype == torch.float32 else 2**-8  # bf16: the float32 gradient, rounded once
+    rel = ((auto.double() - closed) / closed).abs().max()
+    assert rel <= rtol, rel
+    lifted = torch.linspace(-3.0, _LN80, 64, dtype=torch.float64).to(dtype).float().exp()
+    gate32 = m.gate(lifted, torch.full_like(lifted, sign))
+    assert gate32.dtype == torch.float32 and (gate32 > 0).all()  # representable on the whole grid
+    assert (auto != 0).all()
+    assert float(auto.abs()[0, -1]) > 0  # ρ = 80: far past the sigmoid's float32 underflow
+    # the value is unchanged: f = (4/τ)·σ(τ(ρ−1)), bit for bit
+    tau = torch.tensor(m.hparams["tau_pos"] if sign > 0 else m.hparams["tau_neg"])
+    assert torch.equal(m.weight(lifted, torch.full_like(lifted, sign)),
+                       4 / tau * torch.sigmoid(tau * (lifted - 1)))
+
+
+def test_the_sigmoid_forms_float32_gradient_is_exactly_zero_at_rho_25(monkeypatch):
+    """Negative control: with the old f differentiated by autograd through σ, the float32
+    gradient at ρ = 25 is exactly 0 while the closed form is not, so the test above would fail."""
+    m = rlgates.get("sapo")
+
+    def sigmoid_form(ratio, adv):
+        tau = m._tau(adv)
+        return 4 / tau * torch.sigmoid(tau * (ratio - 1))
+
+    logp = torch.tensor([[0.0, float(torch.log(torch.tensor(25.0)))]])
+    leaf = logp.clone().requires_grad_(True)
+    (ours,) = torch.autograd.grad(m.loss(leaf, torch.zeros_like(logp), torch.ones(1)), leaf)
+    monkeypatch.setattr(m, "_weight", sigmoid_form)
+    leaf = logp.clone().requires_grad_(True)
+    (old,) = torch.autograd.grad(m.loss(leaf, torch.zeros_like(logp), torch.ones(1)), leaf)
+    closed = m.expected_grad(logp, torch.zeros_like(logp), torch.ones(1))
+    assert float(old[0, 1]) == 0.0 and float(closed[0, 1]) < 0  # σ(24) rounds to 1 in float32
+    assert float(ours[0, 1]) == pytest.approx(float(closed[0, 1]), rel=1e-5)
+    assert float(old[0, 0]) == float(ours[0, 0])  # at ρ = 1 the two forms agree
+    auto, closed = _sapo_float32_grads(m, 1.0, None)  # the grid test's checks, old form
+    assert (auto == 0).any() and ((auto.double() - closed) / closed).abs().max() > 1e-4
+
+
+def test_sapo_weight_broadcasts_its_gradient_to_the_ratios_shape():
+    """The custom backward's gradient is summed back to ρ's shape when A broadcasts it."""
+    m = rlgates.get("sapo")
+    ratio = torch.linspace(0.5, 3.0, 5, dtype=torch.float64).requires_grad_(True)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64).expand(2, 5)
+    (g,) = torch.autograd.grad(m.weight(ratio, adv).sum(), ratio)
+    expected = m.gate(ratio.detach(), adv).sum(0)
+    assert g.shape == ratio.shape and torch.allclose(g, expected, rtol=1e-14, atol=0)

@@ -1,5 +1,7 @@
 """Bad input gives clear errors; extreme and low-precision input keeps sane numbers."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -52,7 +54,7 @@ def test_bad_loss_inputs_name_the_argument():
     cases = [
         ((logp[:, :3], logp_old, adv, mask), r"logp_old must have logp's shape \(3, 3\), got \(3, 4\)"),
         ((logp, logp_old, adv[:2], mask), r"adv must be \[B\]=\(3,\) or \[B, T\]=\(3, 4\), got \(2,\)"),
-        ((logp, logp_old, adv, mask[:, :2]), r"mask must be \[B, T\]=\(3, 4\), got \(3, 2\)"),
+        ((logp, logp_old, adv, mask[:, :2]), r"mask must have shape \(3, 4\), got \(3, 2\)"),
         ((logp.long(), logp_old, adv, mask), "logp must be a floating tensor, got dtype torch.int64"),
         ((logp[0], logp_old[0], adv, None), r"logp must be \[B, T\], got shape \(4,\)"),
         ((logp.tolist(), logp_old, adv, mask), "logp must be a torch.Tensor, got list"),
@@ -155,3 +157,90 @@ def test_gradients_flow_into_logp_only(name):
     leaves = [x.clone().requires_grad_(True) for x in (logp, logp_old, adv)]
     rlgates.get(name).loss(*leaves, mask).backward()
     assert leaves[0].grad is not None and leaves[1].grad is None and leaves[2].grad is None
+
+
+# --- one mask rule: every public function that takes a mask ------------------------------------
+
+def _mask_callers():
+    """(label, fn(mask)) for every public function that takes a mask, on a [3, 4] batch (the lab's
+    on [2, 3, 4]); each calls its function with everything else valid."""
+    from rlgates import diagnostics, offpolicy, regularisers, trainers
+    from rlgates.check import check_gradient
+    lab_train = importlib.import_module("rlgates.lab.train")  # the module (lab.train: a function)
+
+    logp, logp_old, adv, _ = make_batch(B=3, T=4, dtype=torch.float32)
+    lp3, lo3, a3 = (torch.stack([x, x]) for x in (logp, logp_old, adv))
+    m = rlgates.get("ppo")
+    logits = torch.randn(3, 4, 5)
+    callers = {
+        "Method.loss": lambda mk: m.loss(logp, logp_old, adv, mk),
+        "Method.expected_grad": lambda mk: m.expected_grad(logp, logp_old, adv, mk),
+        "check_gradient": lambda mk: check_gradient(m, logp, logp_old, adv, mk),
+        "aggregate": lambda mk: rlgates.aggregate(logp, mk, "token-mean"),
+        "aggregation_weight": lambda mk: rlgates.aggregation_weight(mk, "token-mean"),
+        "offpolicy.log_weight": lambda mk: offpolicy.log_weight(logp, logp_old, mk),
+        "offpolicy.importance_weight": lambda mk: offpolicy.importance_weight(logp, logp_old, mk),
+        "regularisers.kl_loss": lambda mk: regularisers.kl_loss(logp, logp_old, mk),
+        "regularisers.entropy_bonus": lambda mk: regularisers.entropy_bonus(logits, mk),
+        "regularisers.kl_placement": lambda mk: regularisers.kl_placement(
+            m, logp, logp_old, logp_old, adv, mk),
+        "diagnostics.token_gates": lambda mk: diagnostics.token_gates(m, logp, logp_old, adv, mk),
+        "diagnostics.step_stats": lambda mk: diagnostics.step_stats(m, logp, logp_old, adv, mk),
+        "trainers.loss": lambda mk: trainers.loss(m, logp, logp_old, adv, mk, norm=10),
+        "trainers.gate_stats": lambda mk: trainers.gate_stats(m, logp, logp_old, adv, mk),
+        "lab.per_run_loss": lambda mk: lab_train.per_run_loss(
+            m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
+        "lab.summed_loss": lambda mk: lab_train.summed_loss(
+            m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
+        "offpolicy.Correction.weight": lambda mk: offpolicy.Correction("tis").weight(
+            logp, logp_old, mk),
+        "offpolicy.Unweighted.weight": lambda mk: offpolicy.Unweighted().weight(
+            logp, logp_old, mk),
+    }
+    try:  # the trainer adapters import their trainer
+        from rlgates.trainers import trl as rt
+        callers["trainers.trl.trl_loss"] = lambda mk: rt.trl_loss(m, logp, logp_old, adv, mk,
+                                                                  "dapo")
+    except ImportError:
+        pass
+    try:
+        from rlgates.trainers import verl as rv
+        callers["trainers.verl.policy_loss"] = lambda mk: rv.policy_loss(m)(
+            logp_old, logp, adv[:, None].expand_as(logp), mk)[0]
+    except ImportError:
+        pass
+    return callers
+
+
+_CALLERS = sorted(_mask_callers())
+
+
+def _good_mask():
+    return make_batch(B=3, T=4)[3].float()  # 0/1 floats, one row fully masked
+
+
+@pytest.mark.parametrize("caller", _CALLERS)
+@pytest.mark.parametrize("bad, match", [
+    (lambda mk: mk * 0.5, "mask must be bool or hold only 0 and 1"),
+    (lambda mk: mk * 2.0, "mask must be bool or hold only 0 and 1"),
+    (lambda mk: torch.where(mk.bool(), mk, torch.nan), "mask must be bool or hold only 0 and 1"),
+    (lambda mk: mk[:, :2], r"mask must have shape \((2, )?3, 4\), got \((2, )?3, 2\)"),
+], ids=["half", "two", "nan", "shape"])
+def test_every_mask_taker_refuses_a_bad_mask_with_the_same_error(caller, bad, match):
+    if caller == "aggregation_weight" and match.startswith("mask must have"):
+        pytest.skip("aggregation_weight takes the mask alone: its shape is the shape")
+    fn = _mask_callers()[caller]
+    with pytest.raises(ValueError, match=match):
+        fn(bad(_good_mask()))
+
+
+@pytest.mark.parametrize("caller", _CALLERS)
+def test_every_mask_taker_accepts_a_float_01_mask_as_its_bool(caller):
+    fn = _mask_callers()[caller]
+    mk = _good_mask()
+    got, want = fn(mk), fn(mk.bool())
+    flat = (lambda x: [t for t in (x.values() if isinstance(x, dict) else
+                                   (x if isinstance(x, tuple) else [x]))
+                       if isinstance(t, torch.Tensor)])
+    for a, b in zip(flat(got), flat(want), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=0, equal_nan=True), caller

@@ -188,6 +188,7 @@ def per_run_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
     For an rlgates Method, in one pass: its per-token objective on the merged rows, weighted by
     each run's own aggregation weight (equal to m.loss run by run, tested); for any other
     object, m.loss run by run."""
+    mask = nx.check_mask(mask, logp.shape, logp.device)
     R = logp.shape[0]
     if not isinstance(m, Method):
         kw = [{} if is_weight is None else {"is_weight": is_weight[r]} for r in range(R)]
@@ -220,6 +221,7 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
     per-run losses, for every aggregation mode (tested). A method whose loss takes no
     `is_weight` (a hand-written object) is called run by run.
     """
+    mask = nx.check_mask(mask, logp.shape, logp.device)
     R = logp.shape[0]
     if not _takes_is_weight(m):
         if is_weight is not None:

@@ -2,6 +2,13 @@
 
     f  = (4/τ)·σ(τ(ρ−1)),  τ = τ_pos if A > 0 else τ_neg
     f' = 4σ(τ(ρ−1))(1 − σ(τ(ρ−1))) = sech²(τ(ρ−1)/2)
+
+In float32 (and bf16/fp16, computed in float32) the loss's backward uses the closed-form gate,
+not autograd's derivative of the sigmoid: in float32 σ(x) rounds to 1 from x ≈ 17.3, so the
+sigmoid's derivative σ(1 − σ) is exactly 0 from ρ ≈ 18.3 (τ = 1), while sech²(x/2) stays
+positive out to ρ ≈ 91. With `_SmoothWeight` the trained gradient is the gate that `gate`
+returns and the book draws (tested in float32). float64 keeps autograd through σ, bit for bit
+as before and as the trainers' reference losses compute it.
 """
 
 from __future__ import annotations
@@ -9,6 +16,38 @@ from __future__ import annotations
 import torch
 
 from ._base import Method, _hparam, register
+
+
+def _sech2_half(x):
+    """sech²(x/2) = 4σ(x)(1−σ(x)), SAPO's gate at x = τ(ρ−1): the one place it is written.
+
+    The cosh form stays ≤ 1 and keeps its relative precision far out (it underflows to 0 only
+    where cosh² overflows: |x| ≳ 89 in float32), where 4σ(1−σ) is 0 from |x| ≈ 17. In place on
+    the fresh x/2: two [B, T] temporaries fewer than cosh(x/2).pow(-2); autograd still
+    differentiates it."""
+    return (x / 2).cosh_().pow_(-2)
+
+
+def _f(ratio, tau):
+    """(f, x): SAPO's weight f = (4/τ)·σ(x) at x = τ(ρ−1), the one place it is written."""
+    x = tau * (ratio - 1)
+    return 4 / tau * torch.sigmoid(x), x
+
+
+class _SmoothWeight(torch.autograd.Function):
+    """f = (4/τ)·σ(τ(ρ−1)) whose derivative in ρ is the closed-form gate sech²(τ(ρ−1)/2)."""
+
+    @staticmethod
+    def forward(ctx, ratio, tau):
+        f, x = _f(ratio, tau)
+        ctx.save_for_backward(x)
+        return f
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return _sech2_half(x).mul_(grad), None  # autograd sums it to ρ's shape if broadcast
 
 
 @register
@@ -56,9 +95,11 @@ class SAPO(Method):
 
     def _weight(self, ratio, adv):
         tau = self._tau(adv)
-        return 4 / tau * torch.sigmoid(tau * (ratio - 1))
+        if ratio.dtype == torch.float64:
+            # float64 as before: autograd through σ, as the trainers do (rlgates.reference); it
+            # agrees with the closed form to ~1e-9 relative out to ρ ≈ 20 and underflows far later
+            return _f(ratio, tau)[0]
+        return _SmoothWeight.apply(ratio, tau)
 
     def _gate(self, ratio, adv):
-        x = self._tau(adv) * (ratio - 1)
-        # sech²(x/2) = 4σ(x)(1−σ(x)); the cosh form stays ≤ 1 and keeps relative precision far out
-        return torch.cosh(x / 2).pow(-2)
+        return _sech2_half(self._tau(adv) * (ratio - 1))

@@ -118,7 +118,7 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
     out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight)
     if norm is None and length is None:
         return out
-    m = torch.ones(logp.shape, dtype=torch.bool, device=logp.device) if mask is None else mask != 0
+    m = nx.check_mask(mask, logp.shape, logp.device)
     scale = out.new_tensor(1.0)
     if norm is not None:
         scale = scale * _local_count(m, agg).to(out.dtype) / torch.as_tensor(norm).to(out)
@@ -135,7 +135,7 @@ def gate_stats(method, logp, logp_old, adv, mask):
     for a sequence-level method; the library's clamped ratio). rlgates' own quantities, for a
     trainer's logs: they are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
     with torch.no_grad():
-        m = mask != 0
+        m = nx.check_mask(mask, logp.shape, logp.device)
         dtype = nx.compute_dtype(logp, logp_old)
         lr = nx.gate_log_ratio(logp.detach().to(dtype), logp_old.detach().to(dtype), m,
                                getattr(method, "level", "token"))

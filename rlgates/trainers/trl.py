@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from trl import GRPOTrainer
 
+from .. import _numerics as nx
 from . import gate_stats, loss
 
 #: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`). These are
@@ -82,7 +83,7 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
     if loss_type in ("dapo", "cispo"):
         n = num_items_in_batch
         if n is None:
-            n = (torch.ones_like(logp, dtype=torch.bool) if mask is None else mask != 0).sum()
+            n = nx.check_mask(mask, logp.shape, logp.device).sum()
         norm = (torch.as_tensor(n).clamp(min=1.0) / num_processes
                 * grad_accum / steps_per_generation)
         return loss(method, logp, logp_old, adv, mask, agg, norm=norm)

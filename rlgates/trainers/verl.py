@@ -121,7 +121,7 @@ def metrics(method, log_prob, old_log_prob, advantages, response_mask) -> dict:
     if f is None or f["loss_mode"] not in VERL_METRICS:
         return out
     with torch.no_grad():
-        m = response_mask != 0
+        m = nx.check_mask(response_mask, log_prob.shape, log_prob.device)
         dtype = nx.compute_dtype(log_prob, old_log_prob)
         lp, old = log_prob.detach().to(dtype), old_log_prob.detach().to(dtype)
         a = advantages.detach().to(dtype)
