@@ -154,3 +154,41 @@ def test_trl_token_normaliser_spans_the_generation_batch():
     ch14 = " ".join((ROOT / "chapters" / "14_real_trainers.md").read_text().split())
     assert "by `num_items_in_batch / num_processes × GA / steps_per_generation`" in ch14
     assert "TRL's `dapo` and verl's `token-mean` divide by the token count of the whole" not in ch14
+
+
+def test_off_policy_corrections_table(verl_defaults, tmp_path):
+    """E7 and the newcomer's note 10: chapter 15's table names the pinned trainers' flags."""
+    import dataclasses
+    import warnings
+
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    user = verl_defaults["algorithm"]["rollout_correction"]  # what a verl user gets: no correction
+    assert (user["rollout_is"], user["rollout_rs"], user["bypass_mode"]) == (None, None, False)
+    assert user["rollout_is_threshold"] == 2.0
+    fields = {f.name for f in dataclasses.fields(RolloutCorrectionConfig)}
+    assert {"rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
+            "bypass_mode"} <= fields and "rollout_is_mode" not in fields
+    doc = " ".join((RolloutCorrectionConfig.__doc__ or "").split())
+    assert 'string (e.g. ``"0.5_5.0"``): IcePop, zero weights outside [lower, upper]' in doc
+    assert "Single float or float-like string (e.g. ``2.0``): TIS" in doc
+    cfg = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    assert cfg.vllm_importance_sampling_correction is True
+    assert (cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_max) == \
+        ("sequence_mask", 3.0)
+    supported = " ".join(inspect.getsource(GRPOConfig).split())
+    assert ("Supported options are: 'token_truncate', 'token_mask', 'sequence_truncate', and "
+            "'sequence_mask'") in supported.replace('" "', "")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                   vllm_importance_sampling_cap=2.0)
+    assert any("vllm_importance_sampling_cap" in str(w.message) and "deprecated" in
+               str(w.message) for w in caught)
+    ch15 = " ".join((ROOT / "chapters" / "15_off_policy.md").read_text().split())
+    for phrase in ("`rollout_is=token` or `sequence`, `rollout_is_threshold=2.0`",
+                   "the default, `sequence_mask` with $C = 3$",
+                   "`rollout_is_threshold=\"0.5_5.0\"`", "verl's `bypass_mode=True`",
+                   "`vllm_importance_sampling_cap` is deprecated"):
+        assert phrase in ch15, phrase
+    assert "rollout_is_mode=mask" not in ch15 and "newer TRL" not in ch15
