@@ -22,7 +22,10 @@ Which trainer logs which number (verl prefixes its names with ``actor/``):
   ρ > 1 and gate 0, the region dual clip shuts.
 - ``ppo_kl`` (verl's ``actor/ppo_kl``): mean of log π_old − log π, the k1 estimate of
   KL(π_old ‖ π).
-- ``entropy`` (verl's ``actor/entropy``, TRL's ``entropy``): mean per-token entropy of π, nats.
+- ``entropy``: mean per-token entropy of the policy passed in, nats, over the real tokens: TRL's
+  ``entropy`` (its token mean over the batch). verl's ``actor/entropy`` is another quantity: the
+  entropy of π_old, at the recompute of the old log-probs (``ray_trainer.py``), aggregated with
+  the actor's ``loss_agg_mode`` (token-mean by default, where the two agree at ρ ≡ 1).
 - ``approx_kl`` (CleanRL's ``losses/approx_kl``): mean of (ρ − 1) − log ρ, the k3 estimate,
   never negative.
 - ours: ``clipfrac_pos`` and ``clipfrac_neg`` (share of the A > 0, resp. A < 0, tokens that are
@@ -62,7 +65,7 @@ TRAINER_NAMES = {
     "pg_clipfrac": "verl (actor/pg_clipfrac)",
     "pg_clipfrac_lower": "verl (actor/pg_clipfrac_lower)",
     "ppo_kl": "verl (actor/ppo_kl)",
-    "entropy": "verl (actor/entropy), TRL (entropy)",
+    "entropy": "TRL (entropy); verl's actor/entropy is π_old's, under loss_agg_mode",
     "approx_kl": "CleanRL (losses/approx_kl)",
 }
 

@@ -192,3 +192,18 @@ def test_off_policy_corrections_table(verl_defaults, tmp_path):
                    "`vllm_importance_sampling_cap` is deprecated"):
         assert phrase in ch15, phrase
     assert "rollout_is_mode=mask" not in ch15 and "newer TRL" not in ch15
+
+
+def test_verls_entropy_is_pi_olds_under_loss_agg_mode():
+    """verl's actor/entropy aggregates the old policy's entropy with loss_agg_mode; the
+    diagnostics' entropy says so instead of claiming to be verl's number."""
+    source = Path(verl.__file__).parent / "trainer" / "ppo" / "ray_trainer.py"
+    code = " ".join(source.read_text().split())  # read, not imported: it needs more packages
+    assert ('entropys = old_log_prob.batch["entropys"] response_masks = batch.batch["response_mask"]'
+            ' actor_config = self.config.actor_rollout_ref.actor entropy_agg = agg_loss( '
+            'loss_mat=entropys, loss_mask=response_masks, loss_agg_mode=actor_config.loss_agg_mode'
+            ) in code
+    assert '"actor/entropy": entropy_agg.detach().item()' in code
+    from rlgates import diagnostics
+
+    assert "verl's ``actor/entropy`` is another quantity" in diagnostics.__doc__
