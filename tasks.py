@@ -144,8 +144,12 @@ def check() -> None:
     sh("lint workflow", BIN / "actionlint", *sorted(ROOT.glob(".github/workflows/*.yml")))
     # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code;
     # the tests of the built reader notebooks run after the book, below
-    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser", "-n", "auto",
-       env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
+       "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+    # TRL over many steps, in one process and in two (torchrun): serial, one torch thread each;
+    # the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py)
+    sh("engine tests (TRL)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
+       "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
     # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures
     # use the inline backend here, as in the book (MPLBACKEND=Agg would show none).

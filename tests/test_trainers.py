@@ -23,10 +23,7 @@ import math
 
 import pytest
 import torch
-from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import FSDPActorConfig
 
@@ -34,44 +31,7 @@ import rlgates
 from rlgates import trainers as rt
 from rlgates.trainers import trl as rtrl
 from rlgates.trainers import verl as rverl
-
-WORDS = ["[PAD]", "[EOS]", *"abcdefgh"]
-MAX_LEN = 8
-
-
-def tiny_tokenizer():
-    tk = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="a"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", eos_token="[EOS]")
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=16, intermediate_size=32,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                      max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
-                      bos_token_id=None, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
-
-
-def reward_words(completions, **kwargs):
-    """More words, more reward; the letter 'a' costs one: rewards vary within a group."""
-    return [len(c.split()) - 2.0 * c.count("a") for c in completions]
-
-
-def config(**kw):
-    base = dict(output_dir="/tmp/rlgates-trl-test", per_device_train_batch_size=8,
-                gradient_accumulation_steps=2, steps_per_generation=2, num_generations=4,
-                max_completion_length=MAX_LEN, num_iterations=2, max_steps=2,
-                learning_rate=5e-2, logging_steps=1, report_to="none", use_cpu=True,
-                save_strategy="no", seed=0, disable_tqdm=True,
-                bf16=False,  # TRL turns bf16 autocast on by default, on the CPU too
-                generation_kwargs={"sequence_bias": {(1,): 1.0}})  # end token: ragged lengths
-    base.update(kw)
-    return GRPOConfig(**base)
-
-
-DATA = Dataset.from_dict({"prompt": ["a b c", "d e f", "g h a", "b b c"] * 4})
+from tests.trl_run import DATA, MAX_LEN, config, reward_words, tiny_model, tiny_tokenizer
 
 
 def byo_soft():
