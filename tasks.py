@@ -148,7 +148,7 @@ def check() -> None:
        "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
     # TRL over many steps, in one process and in two (torchrun): serial, one torch thread each;
     # the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py)
-    sh("engine tests (TRL)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
+    sh("engine tests (TRL, verl)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
        "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
     # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures

@@ -23,7 +23,11 @@ import subprocess
 import sys
 import textwrap
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import pytest
+
+pytestmark = pytest.mark.engine  # subprocesses, ~1 min: the serial engine step
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
