@@ -129,18 +129,24 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
     return out * scale
 
 
+def _detached_inputs(logp, logp_old, adv, mask):
+    """(log π, log π_old, A as [B, T], bool mask), detached, in the library's compute dtype:
+    what the adapters' metrics read."""
+    m = nx.check_mask(mask, logp.shape, logp.device)
+    dtype = nx.compute_dtype(logp, logp_old)
+    lp, old = logp.detach().to(dtype), logp_old.detach().to(dtype)
+    a = adv.detach().to(dtype)
+    return lp, old, (a[:, None] if a.dim() == 1 else a).expand_as(lp), m
+
+
 def gate_stats(method, logp, logp_old, adv, mask):
     """{"gate_mean": mean f', "gate_zero": share of tokens the gate shuts}, over the real tokens
     with A ≠ 0 (at A = 0 there is no signal to gate), at the ratio the gate sees (its sequence's
     for a sequence-level method; the library's clamped ratio). rlgates' own quantities, for a
     trainer's logs: they are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
     with torch.no_grad():
-        m = nx.check_mask(mask, logp.shape, logp.device)
-        dtype = nx.compute_dtype(logp, logp_old)
-        lr = nx.gate_log_ratio(logp.detach().to(dtype), logp_old.detach().to(dtype), m,
-                               getattr(method, "level", "token"))
-        a = adv.detach().to(dtype)
-        a = (a[:, None] if a.dim() == 1 else a).expand_as(lr)
+        lp, old, a, m = _detached_inputs(logp, logp_old, adv, mask)
+        lr = nx.gate_log_ratio(lp, old, m, getattr(method, "level", "token"))
         g = method.gate(nx.ratio_from_log(lr), a)
         m = m & (a != 0)
         n = m.sum().clamp(min=1)

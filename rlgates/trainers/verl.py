@@ -62,7 +62,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.utils import torch_functional as verl_F
 
 from .. import _numerics as nx
-from . import flags, gate_stats, loss
+from . import _detached_inputs, flags, gate_stats, loss
 from ._verl_compat import patch_environment
 
 PREFIX = "rlgates_"
@@ -121,11 +121,7 @@ def metrics(method, log_prob, old_log_prob, advantages, response_mask) -> dict:
     if f is None or f["loss_mode"] not in VERL_METRICS:
         return out
     with torch.no_grad():
-        m = nx.check_mask(response_mask, log_prob.shape, log_prob.device)
-        dtype = nx.compute_dtype(log_prob, old_log_prob)
-        lp, old = log_prob.detach().to(dtype), old_log_prob.detach().to(dtype)
-        a = advantages.detach().to(dtype)
-        a = (a[:, None] if a.dim() == 1 else a).expand_as(lp)
+        lp, old, a, m = _detached_inputs(log_prob, old_log_prob, advantages, response_mask)
         return {**VERL_METRICS[f["loss_mode"]](lp, old, a, m, f), **out}
 
 
