@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The chapters are MyST Markdown notebooks (`chapters/NN_name.md`, jupytext's `myst` format):
-text that a diff, a review and the duplicate check can read line by line. Their `.ipynb` twins are
-generated from them, never committed (.gitignore), and rewritten whenever they are needed:
+text that a diff and a review read line by line (their code cells reach ruff and the duplicate
+check through scripts/export_chapters.py). Their `.ipynb` twins are generated from them, never
+committed (.gitignore), and rewritten whenever they are needed:
 
     python scripts/chapter_sources.py notebooks   write chapters/NN_name.ipynb from each chapter
     python scripts/chapter_sources.py check       exit 1 if a chapter changes in the round trip
@@ -20,7 +21,6 @@ import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ROOT / "chapters"
 FORMAT = "md:myst"
 
 
@@ -39,29 +39,25 @@ def text(nb: nbformat.NotebookNode) -> str:
     return jupytext.writes(nb, fmt=FORMAT)
 
 
-def notebook_path(source: Path) -> Path:
-    return source.with_suffix(".ipynb")
-
-
 def write_notebooks(root: Path = ROOT) -> list[Path]:
     """Write each chapter's `.ipynb` beside it (what nbval and the launch buttons read)."""
     written = []
     for source in sources(root):
-        target = notebook_path(source)
+        target = source.with_suffix(".ipynb")
         nbformat.write(read(source), str(target))
         written.append(target)
     return written
 
 
+def through_ipynb(source: Path) -> nbformat.NotebookNode:
+    """A chapter written to .ipynb JSON and read back, as nbval reads its generated twin."""
+    return nbformat.reads(nbformat.writes(read(source)), as_version=4)
+
+
 def round_trip_problems(root: Path = ROOT) -> list[str]:
     """Chapters whose text changes when converted to a notebook and back."""
-    problems = []
-    for source in sources(root):
-        original = source.read_text()
-        nb = nbformat.reads(nbformat.writes(read(source)), as_version=4)
-        if text(nb) != original:
-            problems.append(f"{source.relative_to(root)}: md -> ipynb -> md changes the text")
-    return problems
+    return [f"{source.relative_to(root)}: md -> ipynb -> md changes the text"
+            for source in sources(root) if text(through_ipynb(source)) != source.read_text()]
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def test_every_chapter_is_text():
 def test_round_trip_keeps_the_text(md_path):
     """md -> ipynb (as nbval reads it) -> md gives the same text, metadata (tags, captions, alt
     text) included; a negative control shows the comparison sees a change of metadata."""
-    nb = nbformat.reads(nbformat.writes(chapter_sources.read(md_path)), as_version=4)
+    nb = chapter_sources.through_ipynb(md_path)
     assert chapter_sources.text(nb) == md_path.read_text()
     tagged = next(c for c in nb.cells if c.metadata.get("tags"))
     tagged.metadata["tags"] = [*tagged.metadata["tags"], "changed"]
