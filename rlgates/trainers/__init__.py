@@ -38,6 +38,15 @@ TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
 _INF = math.inf
 
 
+def engine_runs() -> dict:
+    """What the real trainers did at TESTED_VERSIONS: the numbers of the engine tests
+    (tests/engines), committed beside this module and checked against every engine run."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).with_name("engine_runs.json")).read_text())
+
+
 def _resolve(spec, h):
     if spec is None:
         return None
@@ -153,4 +162,4 @@ def gate_stats(method, logp, logp_old, adv, mask):
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
 
 
-__all__ = ["TESTED_VERSIONS", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
