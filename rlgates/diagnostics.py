@@ -24,8 +24,9 @@ Which trainer logs which number (verl prefixes its names with ``actor/``):
   KL(π_old ‖ π).
 - ``entropy``: mean per-token entropy of the policy passed in, nats, over the real tokens: TRL's
   ``entropy`` (its token mean over the batch). verl's ``actor/entropy`` is another quantity: the
-  entropy of π_old, at the recompute of the old log-probs (``ray_trainer.py``), aggregated with
-  the actor's ``loss_agg_mode`` (token-mean by default, where the two agree at ρ ≡ 1).
+  entropy of π_old, at the recompute of the old log-probs (``ray_trainer.py`` and the v1
+  trainer's ``trainer_base.py``), aggregated with the actor's ``loss_agg_mode`` (token-mean by
+  default, where the two agree at ρ ≡ 1).
 - ``approx_kl`` (CleanRL's ``losses/approx_kl``): mean of (ρ − 1) − log ρ, the k3 estimate,
   never negative.
 - ours: ``clipfrac_pos`` and ``clipfrac_neg`` (share of the A > 0, resp. A < 0, tokens that are
@@ -35,10 +36,11 @@ Which trainer logs which number (verl prefixes its names with ``actor/``):
   groups whose rewards are all equal, split into ``solved_groups`` and ``stuck_groups``.
 
 All shares of tokens are over the valid (unmasked) tokens of the batch, as both trainers do
-(verl `masked_mean`, TRL `masked_batch_mean`). TRL's `kl` is a different number, the KL to a
-frozen reference model, logged only when its β ≠ 0; CleanRL logs `approx_kl` as here. Names
-checked against verl's `compute_policy_loss_vanilla` (verl/trainer/ppo/core_algos.py) and TRL's
-`GRPOTrainer._compute_loss` (trl/trainer/grpo_trainer.py).
+(verl `masked_mean` per micro-batch, TRL `global_masked_mean` over all processes). TRL's `kl`
+is a different number, the KL to a frozen reference model, logged only when its β ≠ 0; CleanRL
+logs `approx_kl` as here. Names checked against verl's `compute_policy_loss_vanilla`
+(verl/trainer/ppo/core_algos.py) and TRL's `GRPOTrainer._compute_loss`
+(trl/trainer/grpo_trainer.py).
 
 Every function accepts leading dimensions (a runs dimension [R, B, T] in the lab) and reduces
 only over the last two, so `step_stats` returns one value per run.

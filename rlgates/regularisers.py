@@ -217,8 +217,9 @@ def entropy_grad(logits):
 def entropy_bonus(logits, mask=None, beta=0.01, agg="token-mean"):
     """−β · aggregate(H_t): the entropy bonus as a loss term, H_t from the full distribution.
 
-    logits: [B, T, V]; mask: [B, T]. This is what verl (entropy_coeff) and TRL (entropy_coef)
-    compute. Its gradient never meets the gate: it does not depend on ρ or A. (The sampled-token
+    logits: [B, T, V]; mask: [B, T]. This is what verl (entropy_coeff, aggregated with the
+    actor's loss_agg_mode) and TRL (entropy_coef, always the token mean) compute. Its gradient
+    never meets the gate: it does not depend on ρ or A. (The sampled-token
     estimate −log π(y_t) is unbiased for H's value, but used as a loss its expected gradient is
     E_π[−∇log π] = 0, like k1's.)
     """
