@@ -18,7 +18,6 @@ pytest.importorskip("verl")
 pytest.importorskip("trl")
 
 import verl  # noqa: E402
-import yaml  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
@@ -32,7 +31,10 @@ VERL_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_pp
 @pytest.fixture(scope="module")
 def verl_defaults():
     """The resolved defaults of verl's PPO trainer, as `main_ppo` composes them."""
-    return yaml.safe_load(VERL_CONFIG.read_text())
+    from rlgates.trainers import facts
+
+    assert facts.path(facts.VERL_CONFIG) == VERL_CONFIG  # one reader: the chapters' own
+    return facts.verl_config()
 
 
 def _ragged(lengths, T):
@@ -467,3 +469,27 @@ def test_method_agg_sources_state_verls_default():
                name="GRPOTrainer._compute_loss")
     assert rlgates.get("sapo").agg_source.endswith(
         "verl's and TRL's sapo losses use the same per-sequence mean.")
+
+
+def test_references_name_what_trl_cites():
+    """references.md: ScaleRL is 'TRL's CISPO cap', INTELLECT-2 'TRL's delta'."""
+    facts.says("trl/trainer/grpo_config.py", "the [INTELLECT-2 tech report]"
+               "(https://huggingface.co/papers/2505.07291).",
+               "When used with `loss_type='cispo'`, this corresponds to the ε_max param "
+               "specified in the [ScaleRL paper](https://huggingface.co/papers/2510.13786)")
+    assert facts.trl("delta") is None and facts.trl("epsilon_high") is None  # both opt-in
+    text = _page("references.md")
+    assert "(ScaleRL). arXiv:2510.13786. TRL's CISPO cap; chapter 14." in text
+    assert "arXiv:2505.07291. TRL's `delta`; chapter 14." in text
+
+
+def test_readme_value_head_shim():
+    """README: 'verl imports TRL's value-head model, which TRL 1.16.0 removed, on every model
+    build' (tests/engines/test_verl_engine.py builds the model with and without the shim)."""
+    facts.says("verl/utils/model.py",
+               "from trl.experimental.ppo import AutoModelForCausalLMWithValueHead",
+               "from trl import AutoModelForCausalLMWithValueHead")
+    assert not facts.path("trl/experimental/ppo").exists()
+    assert "AutoModelForCausalLMWithValueHead" not in facts.code("trl/__init__.py")
+    assert "verl imports TRL's value-head model, which TRL 1.16.0 removed, on every model " \
+        "build." in _page("README.md")

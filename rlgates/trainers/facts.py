@@ -11,9 +11,10 @@ would pay):
     installed()            True when both trainers are installed (the book's set-up; Binder has
                            neither, and the chapters then skip their trainer checks)
     versions()             {"trl": ..., "verl": ...} from the installed distributions
-    verl(key)              a value of the configuration a verl user gets: verl's generated
+    verl_config()          the configuration a verl user gets: verl's generated
                            `trainer/config/_generated_ppo_trainer.yaml` (what `main_ppo` composes
-                           before any override), by dotted key
+                           before any override), parsed; verl(key) reads one value of it by
+                           dotted key, verl("actor_rollout_ref.actor.loss_agg_mode")
     trl(name)              the default of a `GRPOConfig` field as its dataclass declares it (or
                            the `TrainingArguments` field it inherits)
     code(path, name=None)  the text of an installed file, or of one class, function or method in
@@ -120,7 +121,8 @@ def registered(relative: str, decorator: str) -> list:
 
 
 @functools.cache
-def _verl_config() -> dict:
+def verl_config() -> dict:
+    """verl's generated PPO trainer config, parsed (what `verl(key)` reads)."""
     import yaml  # verl depends on it
 
     return yaml.safe_load(_text(VERL_CONFIG))
@@ -129,7 +131,7 @@ def _verl_config() -> dict:
 def verl(key: str):
     """A value of verl's generated PPO trainer config, by dotted key:
     verl("actor_rollout_ref.actor.loss_agg_mode")."""
-    node = _verl_config()
+    node = verl_config()
     for part in key.split("."):
         node = node[part]
     return node
