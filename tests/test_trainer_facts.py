@@ -235,9 +235,18 @@ def _chapter_reads(call):
     return found
 
 
-def test_facts_reader_finds_and_refuses(tmp_path):
-    """The reader sees the trainers, and fails loudly on what they do not say (negative controls)."""
+def test_facts_reader_finds_and_refuses(monkeypatch):
+    """The reader sees the trainers, and fails loudly on what they do not say (negative controls).
+    Where a trainer is missing (Binder), installed() is False and the chapters skip their checks,
+    running every chapter cell that follows them all the same."""
     assert facts.installed() and facts.versions() == rlgates.trainers.TESTED_VERSIONS
+    with monkeypatch.context() as m:
+        real = facts.importlib.util.find_spec
+        m.setattr(facts.importlib.util, "find_spec",
+                  lambda name, *a: None if name == "verl" else real(name, *a))
+        assert not facts.installed()
+        with pytest.raises(ModuleNotFoundError):
+            facts.path("verl/trainer/ppo/core_algos.py")
     with pytest.raises(AssertionError, match="no longer says"):
         facts.says("verl/trainer/ppo/core_algos.py", "loss_agg_mode = 'token-sum-everything'")
     with pytest.raises(LookupError):
