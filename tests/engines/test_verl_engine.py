@@ -17,7 +17,7 @@ vacuously: ρ ≠ 1 on every token, tokens clipped on both sides and past c, rag
 counts that differ per micro-batch and per rank; and three wrong losses (no dual clip, a
 per-micro-batch token mean, the loss ×2) are told apart. The numbers the book states go to
 rlgates/trainers/engine_runs.json["verl"] (tests/engines/record.py).
-Slow (about a minute and a half): marked `engine`, run serially by tasks.py.
+Slow (about a minute on a quiet two-core machine): marked `engine`, run serially by tasks.py.
 
 The TRL shim: without it verl's `apply_monkey_patch` raises the ImportError about TRL's removed
 `AutoModelForCausalLMWithValueHead`; `import rlgates` (and the verl adapter) apply nothing; with
