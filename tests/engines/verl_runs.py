@@ -371,10 +371,10 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     out = {}
+    vc.setup()  # before verl's worker module is imported
     if world == 1:
         out["shim"] = shim_facts()
         out["imports"] = import_facts()
-    vc.setup()
     rv.patch_environment()
     import torch.distributed as dist
 
