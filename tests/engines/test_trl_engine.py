@@ -6,7 +6,15 @@ every number to one JSON file (RLGATES_TRL_JSON, default _build/engines/trl.json
 assert on it. Each comparison could fail: the gate acts (TRL's clip_ratio/region_mean > 0 on
 several steps), lengths are ragged, and two wrong losses (REINFORCE: no gate; a per-micro-batch
 token mean) are shown to move the trajectory by far more than the tolerance.
-Slow (about a minute): marked `engine`, run serially by tasks.py, not by the unit-test step.
+
+Also checked, per step: what the adapter logs under TRL's names (clip_ratio/*, cispo_clip_ratio,
+entropy) equals what TRL's built-in logged, where the adapter's old number (rlgates/gate_zero)
+would not; the logged loss is the mean over processes of the window's summed micro-batch losses;
+and the normalisers (steps_per_generation against GA, the pre-fix factor, gradient-norm
+clipping against a loss off by a constant). `summary` gathers the numbers chapter 14 states and
+`record.check` holds them to rlgates/trainers/engine_runs.json ["trl"].
+Slow (1-2 minutes on a quiet machine): marked `engine`, run serially by tasks.py, not by the
+unit-test step.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@
 
 Each case trains two fresh copies of the tiny model from one seed, one with TRL's built-in loss
 and one with `RlgatesGRPOTrainer` (plus negative controls), and records per-step loss, grad_norm,
-reward, TRL's clip and length metrics, and the largest |ΔW| of the final weights. The numbers are
+reward, TRL's clip, entropy and length metrics, and the largest |ΔW| of the final weights; in two
+processes also each rank's token counts, num_items_in_batch, and each micro-batch's returned loss
+and window length. The one-process launch also measures the normalisers (`spg_against_ga`,
+`clipping`). The numbers are
 merged into OUT.json under "one_process" or "two_process" (tests/engines/test_trl_engine.py
 asserts on them; a later chapter reads them). Two processes: gloo on the CPU (use_cpu=True);
 `accelerate launch --cpu --num_processes 2` starts one process, so use torchrun.
