@@ -152,28 +152,33 @@ class Batch:
 
     @cached_property
     def weight(self):
-        """Each run's aggregation weight w_t (aggregate(v) = Σ_t w_t·v_t), run by run."""
-        w = [nx.aggregation_weight(m, self.agg) for m in self.rows(self.mask)]
-        return torch.stack(w).reshape(self.logp.shape).to(self.logp.dtype)
+        """Each run's own aggregation weight w_t (aggregate(v) = Σ_t w_t·v_t over its rows)."""
+        rows = self.rows(self.mask)
+        w = nx.aggregation_weight(rows.flatten(0, 1), self.agg).view(rows.shape)
+        w = w * nx.run_scale(rows, self.agg)[:, None, None]
+        return w.reshape(self.logp.shape).to(self.logp.dtype)
 
     @cached_property
     def shut(self):
         return self.gate == 0
 
-    @property
+    @cached_property
     def pos(self):
         return self.mask & (self.adv > 0)
 
-    @property
+    @cached_property
     def neg(self):
         return self.mask & (self.adv < 0)
 
-    @property
+    @cached_property
     def live(self):
         return self.mask & (self.adv != 0)
 
     @cached_property
     def groups(self):
+        """`group_stats` of the rollout's rewards (Missing without rewards and a group size)."""
+        if self.group is None:
+            raise Missing("group")
         return group_stats(self.given("rewards"), self.group)
 
 

@@ -189,6 +189,11 @@ class LabPolicy(nn.Module):
     and by `lagged_log_ratios` (chapters 1 and 6).
 
     Shapes: prompt [R, B, motif], response [R, B, T] → logits [R, B, T, vocab].
+
+    Its `sample(prompt, length, generators)` and `log_probs(response, prompt)` differ from
+    TinyPolicy's on purpose: every run draws from its own generator (so run r samples the same
+    tokens alone or batched) and every response has a prompt (the task's motif), where the GRU
+    demo policy of Part I samples one batch from one generator after a start marker.
     """
 
     def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0):

@@ -16,17 +16,6 @@ and tables). The policy is rlgates.LabPolicy. The metrics are every diagnostic r
 from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
 from . import loop, report, task
-from .report import (
-    curves,
-    interval,
-    method_color,
-    paired_difference,
-    paired_table,
-    summary,
-    summary_table,
-    verdict,
-)
-from .task import PatternTask
 from .loop import (
     LabConfig,
     LabResult,
@@ -40,6 +29,17 @@ from .loop import (
     summed_loss,
     train,
 )
+from .report import (
+    curves,
+    interval,
+    method_color,
+    paired_difference,
+    paired_table,
+    summary,
+    summary_table,
+    verdict,
+)
+from .task import PatternTask
 
 __all__ = [
     "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",

@@ -162,13 +162,6 @@ def default_agg(method) -> str:
     return getattr(resolve(method), "agg", None) or "token-mean"
 
 
-def _run_scale(mask, agg):
-    """[R]: N / N_r, the factor between run r's aggregation weight and the merged batch's."""
-    count = mask.sum((1, 2)) if agg == "token-mean" else (mask.sum(-1) > 0).sum(-1)
-    count = count.to(torch.float64)
-    return count.sum() / count.clamp(min=1)
-
-
 def _takes_is_weight(m) -> bool:
     try:
         return "is_weight" in inspect.signature(m.loss).parameters
@@ -192,7 +185,7 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
         if is_weight is not None:
             raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
         return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
-    w = _run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
+    w = nx.run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
     if is_weight is not None:
         w = w * is_weight
     flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]

@@ -159,4 +159,5 @@ def gate_stats(method, logp, logp_old, adv, mask):
     return diagnostics.as_floats(stats)
 
 
-__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
+           "loss"]
