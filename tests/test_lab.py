@@ -95,6 +95,21 @@ def test_per_run_grad_clip_and_summed_loss_per_run():
     assert torch.allclose(p.grad, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]), atol=1e-5)
 
 
+def test_rollout_scores_with_the_task_and_is_per_run():
+    """lab.rollout (the loop's ROLLOUT, and chapter 10's): the task's reward, zero-mean group
+    advantages, and run r's batch the same whether it is drawn alone or with other runs."""
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    both = lab.rollout(TINY, TINY.policy([3, 4]), gens)
+    assert both.tokens.shape == (2, TINY.batch, TINY.length) and both.adv.shape == (2, TINY.batch)
+    assert torch.equal(both.rewards, TINY.task().reward(both.prompts, both.tokens))
+    assert both.adv.view(2, -1, TINY.group).sum(-1).abs().max() < 1e-5
+    assert both.adv.abs().max() > 0  # not all groups flat
+    alone = lab.rollout(TINY, TINY.policy([4]), [torch.Generator().manual_seed(4)])
+    for a, b in zip(alone, both, strict=True):
+        assert torch.equal(a[0], b[1])
+    assert not torch.equal(both.tokens[0], both.tokens[1])  # the runs differ
+
+
 def test_lag_zero_gives_ratio_one_on_each_first_update():
     cfg = TINY.replace(minibatches=1, epochs=1, steps=4)
     res = lab.train("ppo", cfg, seeds=[0], lag=0, progress=False)[0]
