@@ -132,3 +132,17 @@ def test_conventions_tables_have_one_cell_per_column():
         assert f"`{name}`" in rlgates.defaults_table()
     for mode in rlgates.AGG_MODES:
         assert f"`{mode}`" in rlgates.aggregation_table()
+
+
+def test_markdown_table_escapes_pipes_and_checks_widths():
+    import re
+
+    from rlgates import tables
+
+    md = tables.markdown([("`ppo`", "$|A|$ > 0", 3), ("x", "", 0.5)], ("a", "b", "c"))
+    lines = md.splitlines()
+    assert lines[0] == "| a | b | c |" and lines[1] == "| --- | --- | --- |"
+    assert lines[2] == "| `ppo` | $\\|A\\|$ > 0 | 3 |"
+    assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {4}
+    with pytest.raises(ValueError, match="2 cells"):
+        tables.markdown([("only", "two")], ("a", "b", "c"))
