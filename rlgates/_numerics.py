@@ -173,6 +173,15 @@ def aggregation_weight(mask, agg):
     return m / n_seq
 
 
+def run_scale(mask, agg):
+    """[...]: N / N_r for masks [..., B, T] merged into one batch, with N_r run r's tokens
+    (token-mean) or non-empty responses (the seq-mean modes) and N all runs': run r's own
+    aggregation weight is the merged batch's times this constant."""
+    count = mask.sum((-2, -1)) if agg == "token-mean" else (mask.sum(-1) > 0).sum(-1)
+    count = count.to(torch.float64)
+    return count.sum() / count.clamp(min=1)
+
+
 class _StrictClamp(torch.autograd.Function):
     """clamp(x, low, high) whose derivative is 0 at the edges themselves (torch.clamp's is 1)."""
 

@@ -1,4 +1,5 @@
-"""Tables generated from the method classes: the article's Table 1, and the conventions page."""
+"""Tables generated from the method classes (the article's Table 1, the conventions page), and
+`markdown`, the one helper that writes any rows as a Markdown table."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def aggregation_table() -> str:
     rows = ["| `agg` | loss = |", "| --- | --- |"]
     rows += [f"| `{mode}` | {AGG_DEFINITIONS[mode]} |" for mode in nx.AGG_MODES]
     return "\n".join(rows)
+
+
+def markdown(rows, header) -> str:
+    """A Markdown table: `header` (the column names) over `rows` (one sequence of cells each,
+    turned into strings; a literal | in a cell is escaped so that it cannot split the cell)."""
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    header = list(header)
+    out = [line(header), "| " + " | ".join("---" for _ in header) + " |"]
+    for r in rows:
+        r = list(r)
+        if len(r) != len(header):
+            raise ValueError(f"a row has {len(r)} cells, the header {len(header)}: {r!r}")
+        out.append(line(r))
+    return "\n".join(out)

@@ -1,6 +1,5 @@
 """Bad input gives clear errors; extreme and low-precision input keeps sane numbers."""
 
-import importlib
 
 import pytest
 import torch
@@ -164,9 +163,8 @@ def test_gradients_flow_into_logp_only(name):
 def _mask_callers():
     """(label, fn(mask)) for every public function that takes a mask, on a [3, 4] batch (the lab's
     on [2, 3, 4]); each calls its function with everything else valid."""
-    from rlgates import diagnostics, offpolicy, regularisers, trainers
+    from rlgates import diagnostics, lab, offpolicy, regularisers, trainers
     from rlgates.check import check_gradient
-    lab_train = importlib.import_module("rlgates.lab.train")  # the module (lab.train: a function)
 
     logp, logp_old, adv, _ = make_batch(B=3, T=4, dtype=torch.float32)
     lp3, lo3, a3 = (torch.stack([x, x]) for x in (logp, logp_old, adv))
@@ -188,9 +186,7 @@ def _mask_callers():
         "diagnostics.step_stats": lambda mk: diagnostics.step_stats(m, logp, logp_old, adv, mk),
         "trainers.loss": lambda mk: trainers.loss(m, logp, logp_old, adv, mk, norm=10),
         "trainers.gate_stats": lambda mk: trainers.gate_stats(m, logp, logp_old, adv, mk),
-        "lab.per_run_loss": lambda mk: lab_train.per_run_loss(
-            m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
-        "lab.summed_loss": lambda mk: lab_train.summed_loss(
+        "lab.summed_loss": lambda mk: lab.summed_loss(
             m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
         "offpolicy.Correction.weight": lambda mk: offpolicy.Correction("tis").weight(
             logp, logp_old, mk),

@@ -12,7 +12,7 @@ from tests.conftest import METHODS  # noqa: E402
 
 
 def test_plane_grid_matches_the_elementwise_functions(name):
-    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim_=0.5, n=41)
+    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim=0.5, n=41)
     assert p.gate.shape == p.signal.shape == (41, 41)
     assert p.adv[0] == -2.0 and p.log_ratio[-1] == 0.5
     ratio = np.exp(p.log_ratio)[:, None]
@@ -20,7 +20,7 @@ def test_plane_grid_matches_the_elementwise_functions(name):
 
 
 def test_ppo_plane_has_its_four_regions():
-    p = rlgates.plane("ppo", log_ratio_lim_=0.6, n=61)
+    p = rlgates.plane("ppo", log_ratio_lim=0.6, n=61)
     A, lr = np.meshgrid(p.adv, p.log_ratio)
     assert (p.signal[(A > 0) & (lr < np.log(1.2) - 1e-9)] > 0).all()  # encourage
     assert (p.signal[(A < 0) & (lr > np.log(0.8) + 1e-9)] < 0).all()  # discourage
@@ -132,3 +132,17 @@ def test_conventions_tables_have_one_cell_per_column():
         assert f"`{name}`" in rlgates.defaults_table()
     for mode in rlgates.AGG_MODES:
         assert f"`{mode}`" in rlgates.aggregation_table()
+
+
+def test_markdown_table_escapes_pipes_and_checks_widths():
+    import re
+
+    from rlgates import tables
+
+    md = tables.markdown([("`ppo`", "$|A|$ > 0", 3), ("x", "", 0.5)], ("a", "b", "c"))
+    lines = md.splitlines()
+    assert lines[0] == "| a | b | c |" and lines[1] == "| --- | --- | --- |"
+    assert lines[2] == "| `ppo` | $\\|A\\|$ > 0 | 3 |"
+    assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {4}
+    with pytest.raises(ValueError, match="2 cells"):
+        tables.markdown([("only", "two")], ("a", "b", "c"))

@@ -67,11 +67,13 @@ def paired_difference(runs: dict, a: str, b: str, key="reward", last=5) -> dict:
     return interval(finals(runs[a], key, last) - finals(runs[b], key, last))
 
 
-def verdict(diff: dict, higher="higher", lower="lower", same="no difference detected") -> str:
-    """A word from an interval: `higher` if it lies above 0, `lower` if below, else `same`."""
-    if diff["lo"] > 0:
+def verdict(diff: dict, higher="higher", lower="lower", same="no difference detected",
+            null=0.0) -> str:
+    """A word from an interval: `higher` if it lies above `null`, `lower` if below, else `same`.
+    null: 0 for a difference, 1 for a ratio."""
+    if diff["lo"] > null:
         return higher
-    if diff["hi"] < 0:
+    if diff["hi"] < null:
         return lower
     return same
 
