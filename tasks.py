@@ -3,7 +3,7 @@
 
     python3 tasks.py book    set up, then build the book into _build/html (every notebook runs)
     python3 tasks.py check   set up, then run every check; exits non-zero on any failure
-    python3 tasks.py lab     set up, then open JupyterLab on the reader notebooks
+    python3 tasks.py lab     set up, then open JupyterLab on your copy of the reader notebooks
 
 All create (or reuse) the virtual environment .venv and install requirements.txt into it, only
 when requirements.txt or pyproject.toml changed since the last install. `lab` (and the check's
@@ -179,24 +179,85 @@ def check() -> None:
     print("\nall checks passed")
 
 
-def lab() -> None:
-    """JupyterLab on the reader notebooks (built with the book when there are none yet)."""
+WORKING_COPY = ROOT / "notebooks"  # the reader's copies, opened by `lab` (git-ignored)
+COPIES_MANIFEST = ".rlgates-copies.json"  # in WORKING_COPY: the hash of each file as copied
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sync_working_copy(source: Path, target: Path) -> list[str]:
+    """Copy the reader notebooks (source/*.ipynb) into the reader's working copy (target), which
+    no build deletes. A file the reader has not changed since it was copied is replaced by the
+    build's newer version; a changed one is kept, and the new version is written beside it as
+    NAME.new-build.ipynb (itself replaced later only while unchanged). Returns one line per
+    notebook the reader changed and a build changed too."""
+    import json
+
+    target.mkdir(parents=True, exist_ok=True)
+    manifest_path = target / COPIES_MANIFEST
+    copied = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    notes = []
+
+    def place(src: Path, dest: Path) -> bool:
+        """Write src to dest unless the reader changed dest; True when dest holds src now."""
+        new = _sha256(src)
+        if dest.exists():
+            current = _sha256(dest)
+            if current == new:
+                copied[dest.name] = new
+                return True
+            if copied.get(dest.name) != current:  # the reader's file: never overwritten
+                return False
+        shutil.copyfile(src, dest)
+        copied[dest.name] = new
+        return True
+
+    for src in sorted(source.glob("*.ipynb")):
+        dest = target / src.name
+        if dest.exists() and copied.get(dest.name) == _sha256(src):
+            continue  # the reader has this build's version, changed or not
+        if place(src, dest):
+            continue
+        beside = dest.with_suffix(".new-build.ipynb")
+        if place(src, beside):
+            notes.append(f"{dest.name}: kept your version; the new build's is {beside.name}")
+        else:
+            notes.append(f"{dest.name}: kept your version and your {beside.name}; the new "
+                         f"build's is in {source}")
+    manifest_path.write_text(json.dumps(copied, indent=1, sort_keys=True) + "\n")
+    return notes
+
+
+def lab(args: list[str] = ()) -> None:
+    """JupyterLab on the reader's working copy of the reader notebooks (built with the book when
+    there are none yet); `args` go to jupyter-lab as they are (--port 8890, --no-browser)."""
     setup()
     ensure_jupyterlab()
     if not (READER / "chapters").is_dir():
         shutil.rmtree(CACHE, ignore_errors=True)
         build_book()
     summary()
-    cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={READER / 'chapters'}"]
+    notes = sync_working_copy(READER / "chapters", WORKING_COPY)
+    cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={WORKING_COPY}", *args]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # Jupyter refuses to run as root without it
-    print(f"\n==> {' '.join(cmd)}\n(the reader notebooks are rewritten by every build: "
-          "save your own changes under another name or folder)", flush=True)
+    print(f"\nyour notebooks: {WORKING_COPY} (no build deletes them; a notebook you changed is "
+          "never overwritten)", *notes, sep="\n  ")
+    print(f"\n==> {' '.join(cmd)}", flush=True)
     os.execv(cmd[0], cmd)
 
 
 if __name__ == "__main__":
     commands = {"book": book, "check": check, "lab": lab}
-    if len(sys.argv) != 2 or sys.argv[1] not in commands:
-        sys.exit(f"usage: python3 {Path(__file__).name} {{{'|'.join(commands)}}}")
-    commands[sys.argv[1]]()
+    name, extra = (sys.argv[1] if len(sys.argv) > 1 else ""), sys.argv[2:]
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    if name not in commands or (extra and name != "lab"):
+        sys.exit(f"usage: python3 {Path(__file__).name} {{{'|'.join(commands)}}}"
+                 " (lab: then jupyter-lab's options, e.g. lab --port 8890 --no-browser)")
+    if name == "lab":
+        lab(extra)
+    else:
+        commands[name]()
