@@ -10,13 +10,17 @@ that reads well anywhere:
   {explorer} ..., admonitions (a `:class: dropdown` one as a folded `<details>`), sphinx-exercise's
   {exercise} {solution} {solution-start} {solution-end}, {glue:md}, {figure}, {code-block};
 - a figure's caption (cell metadata `mystnb.figure`) is shown in a Markdown cell after it;
-- solution code cells, `hide-input` and `remove-cell` cells are folded the way Jupyter folds
-  cells (`jupyter.source_hidden`, `jupyter.outputs_hidden`; Colab reads `cellView: form`);
+- a solution's code is not a code cell: it is shown, with the output it gave in the build
+  (`<build>/jupyter_execute/chapters/NN.ipynb`), in a folded Markdown cell, so that "Run All"
+  shows no answer (JupyterLab and Colab show a folded cell's output again when it runs); the
+  solution's hidden checks are left out (the book's execution runs them);
+- `hide-input` and `remove-cell` cells are folded the way Jupyter folds cells
+  (`jupyter.source_hidden`, `jupyter.outputs_hidden`; Colab reads `cellView: form`);
 - a first code cell installs rlgates from the repository (`repository.url` in _config.yml) when it
   is missing, and makes `from myst_nb import glue` work where myst-nb is not installed.
 
-Code cells are copied unchanged (outputs dropped), so the chapter's own execution (nbval's, once
-per check) executes them; the added first cell is tested on its own
+Code cells outside solutions are copied unchanged (outputs dropped), so the chapter's own
+execution (nbval's, once per check) executes them; the added first cell is tested on its own
 (tests/test_reader_notebooks.py).
 
 As a Sphinx extension (_config.yml, sphinx.local_extensions), it runs when the book build finishes:
@@ -545,10 +549,64 @@ def _fold(cell, source=True, outputs=True) -> None:
         jup["outputs_hidden"] = True
 
 
-def reader_notebook(doc: str, nb, book: Book):
-    """The reader notebook of one chapter (nb: the chapter as stored, without outputs)."""
+SOLUTION_TAG = "rlgates-solution"  # a solution's code, shown as text: Run All does not run it
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def output_markdown(outputs: list) -> list[str]:
+    """A code cell's outputs as Markdown lines: text in a code block, Markdown as it is, images
+    inline (data: URL), HTML as it is; widgets and glue records (not shown in the book) left out."""
+    lines: list[str] = []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            text = ANSI.sub("", "".join(out.get("text", ""))).rstrip("\n")
+            lines += ["", "```text", *text.splitlines(), "```"] if text.strip() else []
+            continue
+        data = out.get("data", {})
+        if any(k.startswith(REPLACED_GLUE) for k in data):
+            continue
+        if "text/markdown" in data:
+            lines += ["", *"".join(data["text/markdown"]).splitlines()]
+        elif "image/png" in data:
+            png = "".join(data["image/png"]).replace("\n", "")
+            lines += ["", f'<img src="data:image/png;base64,{png}" alt="output"/>']
+        elif "text/html" in data:
+            lines += ["", *"".join(data["text/html"]).splitlines()]
+        elif "text/plain" in data and "application/vnd.jupyter.widget-view+json" not in data:
+            lines += ["", "```text", *ANSI.sub("", "".join(data["text/plain"])).splitlines(),
+                      "```"]
+    return lines
+
+
+def solution_cell(cell, outputs: list | None, title: str):
+    """A solution's code cell as a folded Markdown cell: its code, and the output it gave when
+    the book was built. Run All runs no solution, so no answer shows before the reader opens
+    one, in JupyterLab and in Colab alike (both show a cell's output again when it runs); the
+    reader runs one by copying its code into a cell."""
+    shown = output_markdown(outputs or [])
+    what = "its code (copy it into a cell to run it)" + (" and its output" if shown else "")
+    body = ["```python", *cell.source.splitlines(), "```", *shown]
+    md = nbformat.v4.new_markdown_cell("\n".join(Page.details(f"{title}: {what}", body)))
+    md.metadata["tags"] = [SOLUTION_TAG]
+    if getattr(cell, "id", None):
+        md.id = cell.id
+    return md
+
+
+def _executed_outputs(nb, executed) -> list:
+    """The outputs of each cell of `nb` in the build's execution of it (`executed`: the same
+    notebook run by the book build), or no outputs where it is missing or differs."""
+    if executed is None or [c.source for c in executed.cells] != [c.source for c in nb.cells]:
+        return [[] for _ in nb.cells]
+    return [c.get("outputs", []) for c in executed.cells]
+
+
+def reader_notebook(doc: str, nb, book: Book, executed=None):
+    """The reader notebook of one chapter (nb: the chapter as stored, without outputs;
+    executed: the book build's run of it, for the outputs of solutions)."""
     page = Page(doc, book)
     new = copy.deepcopy(nb)
+    ran = _executed_outputs(nb, executed)
     cells = []
     setup = nbformat.v4.new_code_cell(install_cell_source(book.repo_url, book.branch))
     setup.metadata["tags"] = [INSTALL_TAG]
@@ -560,7 +618,7 @@ def reader_notebook(doc: str, nb, book: Book):
         f"installs `rlgates` when it is missing.*")
     header.id = "reader-header"
     exercises = False  # inside "## Exercises": a worked solution's output is an answer too
-    for cell in new.cells:
+    for cell, outputs in zip(new.cells, ran, strict=True):
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type == "markdown":
             for h in re.finditer(r"^##\s+(.*)$", cell.source, re.M):
@@ -574,15 +632,18 @@ def reader_notebook(doc: str, nb, book: Book):
             continue
         cell.outputs = []
         cell.execution_count = None
+        if page.in_solution and "remove-cell" in tags:
+            continue  # a check of the solution's numbers: the book's execution runs it
         if page.in_solution:
-            _fold(cell)
+            cells.append(solution_cell(cell, outputs, page.in_solution))
         elif "remove-cell" in tags:
             _fold(cell)  # checks and glue: they run, folded out of the way
         elif "hide-input" in tags or "remove-input" in tags:
             _fold(cell, outputs=exercises)
         elif "hide-output" in tags:
             _fold(cell, source=False)
-        cells.append(cell)
+        if not page.in_solution:
+            cells.append(cell)
         fig = cell.metadata.get("mystnb", {}).get("figure", {})
         if fig.get("caption"):
             anchor = f'<a id="{fig["name"]}"></a>' if fig.get("name") else ""
@@ -648,7 +709,9 @@ def build(root: Path = ROOT, build_dir: Path | None = None) -> tuple[list[Path],
     shutil.rmtree(out_dir, ignore_errors=True)
     written = []
     for doc, nb in notebooks.items():
-        reader = reader_notebook(doc, nb, book)
+        ran = build_dir / "jupyter_execute" / f"{doc}.ipynb"
+        executed = nbformat.read(str(ran), as_version=4) if ran.is_file() else None
+        reader = reader_notebook(doc, nb, book, executed)
         nbformat.validate(reader)
         path = out_dir / f"{doc}.ipynb"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ RLGATES_REQUIRE_BOOK=1 (set by `python3 tasks.py check`), where a missing book f
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -210,13 +211,17 @@ def test_reader_notebook_cells():
                                          "name": "fig-x"}}
     hidden, removed = code("h = 1"), code("assert h")
     hidden.metadata["tags"], removed.metadata["tags"] = ["hide-input"], ["remove-cell"]
-    sol_code = code("print(2)")
+    sol_code, sol_check = code("print(2)"), code("assert 2 == 2")
+    sol_code.metadata["tags"], sol_check.metadata["tags"] = ["hide-input"], ["remove-cell"]
     src = chapter([md("# 7. X"), code("from myst_nb import glue"), fig, hidden, removed,
                    md(":::{exercise}\n:label: ex-07_x-1\nQ?\n:::"),
                    md(":::{solution-start} ex-07_x-1\n:class: dropdown\n:::"),
-                   sol_code, md("More prose."), md(":::{solution-end}\n:::")])
+                   sol_code, sol_check, md("More prose."), md(":::{solution-end}\n:::")])
+    executed = copy.deepcopy(src)  # the build's run: the solution printed its answer
+    executed.cells[7].outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                                        text="the answer is 2\n")]
     book = make_book()
-    nb = rn.reader_notebook("chapters/07_x", src, book)
+    nb = rn.reader_notebook("chapters/07_x", src, book, executed)
     nbformat.validate(nb)
     assert not book.problems
     setup = nb.cells[1]
@@ -228,16 +233,39 @@ def test_reader_notebook_cells():
     assert by_source["h = 1"].metadata["jupyter"] == {"source_hidden": True}
     assert by_source["assert h"].metadata["jupyter"] == {"source_hidden": True,
                                                          "outputs_hidden": True}
-    solution = by_source["print(2)"]
-    assert solution.metadata["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
-    assert solution.metadata["cellView"] == "form"
+    # the solution's code is folded text, with its output from the build: Run All runs none
+    solution = next(c for c in nb.cells if "print(2)" in c.source)
+    assert solution.cell_type == "markdown" and solution.metadata["tags"] == [rn.SOLUTION_TAG]
+    assert solution.source.splitlines() == [
+        "<details>", "<summary><b>Solution to Exercise 1: its code (copy it into a cell to run "
+        "it) and its output</b></summary>", "", "```python", "print(2)", "```", "", "```text",
+        "the answer is 2", "```", "", "</details>"]
+    assert not any("assert 2 == 2" in c.source for c in nb.cells)  # the book's check
     prose = next(c for c in nb.cells if "More prose." in c.source)
     assert prose.source.startswith("<details>")
     for c in nb.cells:
         if c.cell_type == "markdown":
             assert rn.myst_leftovers(c.source) == [], c.source
     assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
-        [c.source for c in src.cells if c.cell_type == "code"]
+        [c.source for c in src.cells[:5] if c.cell_type == "code"]
+    # without the build's run (or with a stale one), the code alone
+    alone = rn.reader_notebook("chapters/07_x", src, make_book(), None)
+    assert "its code (copy it into a cell to run it)</b>" in next(
+        c.source for c in alone.cells if "print(2)" in c.source)
+
+
+def test_output_markdown_kinds():
+    out = nbformat.v4.new_output
+    lines = rn.output_markdown([
+        out("stream", name="stdout", text="\x1b[31mred\x1b[0m\n"),
+        out("display_data", data={"text/markdown": "| a |\n| - |", "text/plain": "x"}),
+        out("display_data", data={"image/png": "iVBO\nRw==", "text/plain": "<Figure>"}),
+        out("execute_result", data={"text/plain": "6"}, execution_count=1),
+        out("display_data", data={"application/papermill.record/text/plain": "1"}),
+    ])
+    assert lines == ["", "```text", "red", "```", "", "| a |", "| - |", "",
+                     '<img src="data:image/png;base64,iVBORw==" alt="output"/>', "",
+                     "```text", "6", "```"]
 
 
 def run_setup_cell(source: str, hide: tuple[str, ...]) -> dict:
@@ -319,13 +347,30 @@ def test_built_notebooks_have_no_myst_left(built):
     assert found == {}
 
 
+def solution_code(doc: str) -> list[tuple[str, set]]:
+    """(source, tags) of each code cell inside a solution of the chapter."""
+    page = rn.Page(doc, make_book())
+    found = []
+    for c in chapter_sources.read(ROOT / f"{doc}.md").cells:
+        if c.cell_type == "markdown":
+            page.markdown(c.source)
+        elif c.cell_type == "code" and page.in_solution:
+            found.append((c.source, set(c.metadata.get("tags", []))))
+    return found
+
+
 def test_built_code_is_the_executed_chapters_code(built):
     """The reader notebook runs the chapter's own code cells, which nbval executed (and the
-    book build used); only the set-up cell is new, tested above."""
+    book build used), except the solutions' (shown as text); only the set-up cell is new."""
     for doc, nb in built.items():
         src = chapter_sources.read(ROOT / f"{doc}.md")
+        solutions = solution_code(doc)
+        in_solution = {s for s, _ in solutions}
         assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
-            [c.source for c in src.cells if c.cell_type == "code"], doc
+            [c.source for c in src.cells if c.cell_type == "code"
+             and c.source not in in_solution], doc
+        shown = [c.source for c in nb.cells if rn.SOLUTION_TAG in c.metadata.get("tags", [])]
+        assert len(shown) == sum("remove-cell" not in t for _, t in solutions), doc
         assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code"), doc
         captions = sum(bool(c.metadata.get("mystnb", {}).get("figure", {}).get("caption"))
                        for c in src.cells)
@@ -478,3 +523,43 @@ def test_nbval_record_and_prime_cache(tmp_path):
     source = chapter_sources.read(tmp_path / "nb" / "good.md")  # as myst-nb reads the chapter
     _, merged = cache.merge_match_into_notebook(source)  # myst-nb's lookup in cache mode
     assert [c.outputs for c in merged.cells] == outputs
+
+
+# ------------------------------------------------------------- Run All shows no answer
+def _text(outputs) -> str:
+    parts = []
+    for o in outputs:
+        parts.append("".join(o.get("text", "")))
+        for mime in ("text/plain", "text/markdown", "text/html"):
+            parts.append("".join(o.get("data", {}).get(mime, "")))
+    return "\n".join(parts)
+
+
+def test_run_all_shows_no_answer():
+    """Run All of a reader notebook (nbclient, as JupyterLab or Colab run every code cell in
+    order) passes and shows no solution's output; each solution, run on request (its code in a
+    new cell, as the reader would), gives an answer that Run All did not show."""
+    from nbclient import NotebookClient
+
+    doc = "chapters/07_sapo"
+    book, notebooks = rn.load_book(ROOT, ROOT / "_build" / "no-build")  # no glue: not needed
+    nb = rn.reader_notebook(doc, notebooks[doc], book)
+    solutions = [c for c in nb.cells if rn.SOLUTION_TAG in c.metadata.get("tags", [])]
+    assert solutions and all(c.cell_type == "markdown" for c in solutions)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "chapters")}})
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):  # Run All
+            if cell.cell_type == "code":
+                client.execute_cell(cell, i)
+        shown = "\n".join(_text(c.outputs) for c in nb.cells if c.cell_type == "code")
+        answers = []
+        for sol in solutions:  # the reader runs each solution on request
+            code = re.search(r"```python\n(.*?)\n```", sol.source, re.S).group(1)
+            probe = nbformat.v4.new_code_cell(code)
+            nb.cells.append(probe)
+            client.execute_cell(probe, len(nb.cells) - 1)
+            answers += [line for line in _text(probe.outputs).splitlines()
+                        if len(line.strip()) > 12 and not line.startswith("<")]
+    assert answers  # the solutions do answer (negative control)
+    assert [a for a in answers if a in shown] == []
