@@ -8,7 +8,7 @@ their trainer; this one imports neither, so it stays light:
                             builtin_loss (TRL's own loss at given log-probs)
     rlgates.trainers.verl   policy_loss(method), register(method) -> "rlgates_<name>"
 
-What lives here is shared by both:
+What lives here is shared by both (and `guard_notebook()`, for a notebook without the trainers):
 
 - `flags(m)`: the trainer settings that make a trainer's *built-in* loss compute `m` (the flag
   table of the book's chapter 14, from each method class's `trainer_flags`), or None where a
@@ -37,6 +37,27 @@ from .. import diagnostics
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
 
 _INF = math.inf
+
+
+def guard_notebook() -> bool:
+    """In a notebook without TRL and verl (Colab, Binder): from here on, a cell that needs them
+    prints one line, what to install, instead of failing, and "Run All" goes on with the cells
+    that need only rlgates (rlgates/trainers/_guard.py says how). Does nothing where both are
+    installed, or outside IPython. Returns whether both are installed."""
+    from . import facts
+
+    if facts.installed():
+        return True
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is not None:
+        from . import _guard
+
+        _guard.install(shell, TESTED_VERSIONS)
+    return False
 
 
 def engine_runs() -> dict:
