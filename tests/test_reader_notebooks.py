@@ -362,6 +362,7 @@ def solution_code(doc: str) -> list[tuple[str, set]]:
 def test_built_code_is_the_executed_chapters_code(built):
     """The reader notebook runs the chapter's own code cells, which nbval executed (and the
     book build used), except the solutions' (shown as text); only the set-up cell is new."""
+    with_output = 0
     for doc, nb in built.items():
         src = chapter_sources.read(ROOT / f"{doc}.md")
         solutions = solution_code(doc)
@@ -371,12 +372,14 @@ def test_built_code_is_the_executed_chapters_code(built):
              and c.source not in in_solution], doc
         shown = [c.source for c in nb.cells if rn.SOLUTION_TAG in c.metadata.get("tags", [])]
         assert len(shown) == sum("remove-cell" not in t for _, t in solutions), doc
+        with_output += sum("and its output</b>" in s for s in shown)
         assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code"), doc
         captions = sum(bool(c.metadata.get("mystnb", {}).get("figure", {}).get("caption"))
                        for c in src.cells)
         # a figure inside a solution has its caption folded in a <details> block
-        shown = sum(c.cell_type == "markdown" and '<a id="fig-' in c.source for c in nb.cells)
-        assert shown >= captions, doc
+        anchors = sum(c.cell_type == "markdown" and '<a id="fig-' in c.source for c in nb.cells)
+        assert anchors >= captions, doc
+    assert with_output > 0  # the build's outputs of the solutions were found
 
 
 def test_nbval_executed_the_chapter_text(built):
