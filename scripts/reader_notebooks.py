@@ -11,9 +11,9 @@ that reads well anywhere:
   {exercise} {solution} {solution-start} {solution-end}, {glue:md}, {figure}, {code-block};
 - a figure's caption (cell metadata `mystnb.figure`) is shown in a Markdown cell after it;
 - a solution's code is not a code cell: it is shown, with the output it gave in the build
-  (`<build>/jupyter_execute/chapters/NN.ipynb`), in a folded Markdown cell, so that "Run All"
-  shows no answer (JupyterLab and Colab show a folded cell's output again when it runs); the
-  solution's hidden checks are left out (the book's execution runs them);
+  (the book's jupyter-cache, `<build>/.jupyter_cache`), in a folded Markdown cell, so that
+  "Run All" shows no answer (JupyterLab and Colab show a folded cell's output again when it
+  runs); the solution's hidden checks are left out (the book's execution runs them);
 - `hide-input` and `remove-cell` cells are folded the way Jupyter folds cells
   (`jupyter.source_hidden`, `jupyter.outputs_hidden`; Colab reads `cellView: form`);
 - a first code cell installs rlgates from the repository (`repository.url` in _config.yml) when it
@@ -94,7 +94,7 @@ import types
 
 if importlib.util.find_spec("rlgates") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
-                           "rlgates @ git+{repo_url}@{branch}"])
+                           "rlgates[widgets] @ git+{repo_url}@{branch}"])
 if importlib.util.find_spec("myst_nb") is None:
     # the chapters glue numbers into the book's text with myst_nb.glue; here they are
     # already in the text, so a stand-in that only shows what it is asked to show
@@ -701,6 +701,21 @@ def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
     return book, notebooks
 
 
+def executed_notebook(build_dir: Path, nb):
+    """The chapter with the outputs the book rendered: from the book's jupyter-cache
+    (<build>/.jupyter_cache, _config.yml), or None when it holds no run of this exact code."""
+    cache_dir = build_dir / ".jupyter_cache"
+    if not cache_dir.is_dir():
+        return None
+    from jupyter_cache import get_cache
+
+    try:
+        _, merged = get_cache(str(cache_dir)).merge_match_into_notebook(copy.deepcopy(nb))
+    except KeyError:  # no cached run of this code
+        return None
+    return merged
+
+
 def build(root: Path = ROOT, build_dir: Path | None = None) -> tuple[list[Path], list[str]]:
     """Write <build>/reader/<doc>.ipynb for every chapter; returns (paths, problems)."""
     build_dir = build_dir or root / "_build"
@@ -709,9 +724,7 @@ def build(root: Path = ROOT, build_dir: Path | None = None) -> tuple[list[Path],
     shutil.rmtree(out_dir, ignore_errors=True)
     written = []
     for doc, nb in notebooks.items():
-        ran = build_dir / "jupyter_execute" / f"{doc}.ipynb"
-        executed = nbformat.read(str(ran), as_version=4) if ran.is_file() else None
-        reader = reader_notebook(doc, nb, book, executed)
+        reader = reader_notebook(doc, nb, book, executed_notebook(build_dir, nb))
         nbformat.validate(reader)
         path = out_dir / f"{doc}.ipynb"
         path.parent.mkdir(parents=True, exist_ok=True)

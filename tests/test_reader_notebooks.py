@@ -297,8 +297,13 @@ def test_setup_cell_installs_only_when_missing():
     assert local["calls"] == [] and local["glue"] == "module"  # locally: nothing happens
     colab = run_setup_cell(source, hide=("rlgates", "myst_nb"))
     assert colab["calls"] == [[sys.executable, "-m", "pip", "install", "-q",
-                               f"rlgates @ git+{url}@{branch}"]]
+                               f"rlgates[widgets] @ git+{url}@{branch}"]]  # the sliders
     assert colab["glue"] == "SimpleNamespace"  # the stand-in glue
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(r.startswith("ipywidgets") for r in extras["widgets"])
 
 
 def test_repository_url_is_set_once():
