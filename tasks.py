@@ -11,9 +11,11 @@ JupyterLab test) also install JupyterLab into .venv when it is missing.
 
 The chapters are MyST Markdown (chapters/*.md); their .ipynb twins, which nbval collects and the
 launch buttons name, are generated before each run (scripts/chapter_sources.py), never committed.
-`check` executes each chapter once: nbval runs it and writes it out with its outputs
-(scripts/nbval_record.py); those outputs prime the book's jupyter-cache (scripts/prime_cache.py),
-so the book build renders them, glue values included, without executing again.
+`book` and `check` execute each chapter once, the same way (`execute_chapters`): nbval runs the
+chapters in parallel, one notebook per worker, checks their asserts and writes each out with its
+outputs (scripts/nbval_record.py); those outputs prime the book's jupyter-cache
+(scripts/prime_cache.py), so the book build renders them, glue values included, without
+executing again.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ STAMP = VENV / ".requirements-sha256"
 BUILD = ROOT / "_build"
 BOOK_HTML = BUILD / "html"
 EXECUTED = BUILD / "executed"       # the notebooks nbval executed, with their outputs
-CACHE = BUILD / ".jupyter_cache"    # the book's jupyter-cache (_config.yml, execute.cache)
 READER = BUILD / "reader"           # the reader notebooks (scripts/reader_notebooks.py)
 JUPYTERLAB = "jupyterlab==4.6.6"    # for `lab` and the JupyterLab browser test (not in Binder's)
 LAB_STAMP = VENV / ".jupyterlab"
+TEST_ENV = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}  # for every test step and nbval
 TIMINGS: list[tuple[str, float, int]] = []
 
 
@@ -78,12 +80,37 @@ def chapter_notebooks() -> None:
     sh("chapter notebooks", PY, "scripts/chapter_sources.py", "notebooks")
 
 
-def build_book(step: str = "book", notebooks: bool = True) -> None:
-    """Build the book. Notebooks whose outputs are in the jupyter-cache are not executed; the
-    reader notebooks are written when the build finishes (scripts/reader_notebooks.py).
-    `notebooks=False`: the chapter notebooks were just written (check, before nbval)."""
-    if notebooks:
-        chapter_notebooks()
+def execute_chapters() -> None:
+    """Run every chapter once, for `book` and `check` alike: nbval executes the notebooks written
+    from chapters/*.md, one notebook per worker (loadfile; each kernel uses one torch thread,
+    rlgates.setup), checks each chapter's asserts, and writes each notebook whose every cell
+    passed to _build/executed with its outputs (scripts/nbval_record.py, which also prints each
+    notebook's time). Those outputs then fill the book's jupyter-cache (scripts/prime_cache.py).
+    A failing chapter stops the run, named. Figures use the inline backend, as in the book
+    (MPLBACKEND=Agg would show none)."""
+    shutil.rmtree(EXECUTED, ignore_errors=True)
+    chapter_notebooks()
+    rc = sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
+            "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
+            "chapters", check=False,
+            env={**TEST_ENV, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
+                                                             os.environ.get("PYTHONPATH")]))})
+    if rc != 0:
+        failed = sorted(p.stem for p in (ROOT / "chapters").glob("*.md")
+                        if not (EXECUTED / "chapters" / f"{p.stem}.ipynb").is_file())
+        print(f"\nchapters that failed (a cell raised or an assert did not hold): "
+              f"{', '.join(failed) or 'none written, see above'}", flush=True)
+        summary()
+        sys.exit(rc)
+    # the book renders nbval's outputs instead of executing the chapters again
+    sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
+
+
+def build_book(step: str = "book") -> None:
+    """Build the book from the jupyter-cache `execute_chapters` filled (a notebook missing there
+    would be executed by the build); the reader notebooks are written when the build finishes
+    (scripts/reader_notebooks.py)."""
     # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
     sh("offline assets", PY, "scripts/offline_assets.py")
     shutil.rmtree(BOOK_HTML, ignore_errors=True)
@@ -124,7 +151,7 @@ def summary() -> None:
 
 def book() -> None:
     setup()
-    shutil.rmtree(CACHE, ignore_errors=True)  # from scratch: every notebook is executed
+    execute_chapters()
     build_book()
     summary()
     print(f"\nbook built: {BOOK_HTML / 'index.html'}\nreader notebooks: {READER / 'chapters'}")
@@ -132,7 +159,7 @@ def book() -> None:
 
 def check() -> None:
     setup()
-    env = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    env = TEST_ENV
     sh("lint", BIN / "ruff", "check", ".")
     # chapter code checked like library code: each code cell exported to a .py file, then linted
     # as one (scripts/export_chapters.py; the duplicate check reads the same files)
@@ -150,20 +177,8 @@ def check() -> None:
     # the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py)
     sh("engine tests (TRL, verl)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
        "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
-    # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
-    # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures
-    # use the inline backend here, as in the book (MPLBACKEND=Agg would show none).
-    shutil.rmtree(EXECUTED, ignore_errors=True)
-    chapter_notebooks()
-    sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
-       "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
-       "chapters",
-       env={**env, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
-                                                        os.environ.get("PYTHONPATH")]))})
-    # the book renders nbval's outputs instead of executing the chapters again
-    sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
-    build_book("book (nbval outputs)", notebooks=False)
+    execute_chapters()
+    build_book("book (nbval outputs)")
     sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
        "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
     ensure_chromium()
@@ -184,7 +199,7 @@ def lab() -> None:
     setup()
     ensure_jupyterlab()
     if not (READER / "chapters").is_dir():
-        shutil.rmtree(CACHE, ignore_errors=True)
+        execute_chapters()
         build_book()
     summary()
     cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={READER / 'chapters'}"]

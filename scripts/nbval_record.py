@@ -11,6 +11,8 @@ outputs, glue values included, instead of executing again.
 
 Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
 order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
+At the end it prints each notebook's time (its cells' setup, call and teardown, kernel start
+included), slowest first: what to look at when the notebooks step is slow.
 nbval drops `clear_output` and `update_display_data` messages (it prints "unhandled iopub msg"):
 a chapter that used them would show every intermediate output. None does today.
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+_SECONDS: dict[str, float] = {}  # notebook path -> seconds, summed from the reports
 
 
 def pytest_addoption(parser):
@@ -70,3 +74,18 @@ def pytest_runtest_protocol(item, nextitem):
     out = Path(root) / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb_file.nb, str(out))
+
+
+def pytest_runtest_logreport(report):
+    """Sum each notebook's time (under xdist the controller sees every worker's reports)."""
+    path = report.nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        _SECONDS[path] = _SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SECONDS:
+        return
+    terminalreporter.write_sep("-", "seconds per notebook (kernel start included)")
+    for path, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:7.1f}  {path}")
