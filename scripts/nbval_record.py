@@ -3,11 +3,13 @@
     pytest --nbval-lax -p nbval_record --nbval-record DIR chapters      (scripts/ on sys.path)
 
 nbval runs each code cell in a kernel and keeps the cell's outputs on the test item
-(`IPyNbCell.test_outputs`). This plugin copies them into the notebook nbval read, and when the last
-cell of a notebook has run, and every cell passed, writes the executed notebook to
-DIR/<notebook's path relative to the rootdir>. `scripts/prime_cache.py` then puts those notebooks
-into the book's jupyter-cache, so that `jupyter-book build` (execute_notebooks: cache) takes their
-outputs, glue values included, instead of executing again.
+(`IPyNbCell.test_outputs`). This plugin copies them into the notebook nbval read, adds the
+kernel's language_info (as Jupyter and myst-nb do when they execute a notebook: the book's code
+highlighting reads it), and when the last cell of a notebook has run, and every cell passed,
+writes the executed notebook to DIR/<notebook's path relative to the rootdir>.
+`scripts/prime_cache.py` then puts those notebooks into the book's jupyter-cache, so that
+`jupyter-book build` (execute_notebooks: cache) takes their outputs, glue values included,
+instead of executing again.
 
 Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
 order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
@@ -37,6 +39,17 @@ def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell" and hasattr(item, "test_outputs")
 
 
+def _language_info(kernel, timeout=60):
+    """The kernel's language_info, as an executed notebook records it (Jupyter and myst-nb
+    write it; the book's code highlighting reads its pygments_lexer, ipython3). nbval skips the
+    shell and iopub messages of a request it did not send."""
+    msg_id = kernel.kc.kernel_info()
+    while True:
+        msg = kernel.get_message(stream="shell", timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return nbformat.from_dict(msg["content"]["language_info"])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -48,6 +61,8 @@ def pytest_runtest_makereport(item, call):
     if not report.passed or item.test_outputs is None:
         state["ok"] = False
         return
+    if state["ran"] == 0:
+        nb_file.nb.metadata["language_info"] = _language_info(nb_file.kernel)
     state["count"] += 1
     state["ran"] += 1
     item.cell.outputs = [nbformat.from_dict(dict(o)) for o in item.test_outputs]
