@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,10 @@ READER = BUILD / "reader"           # the reader notebooks (scripts/reader_noteb
 JUPYTERLAB = "jupyterlab==4.6.6"    # for `lab` and the JupyterLab browser test (not in Binder's)
 LAB_STAMP = VENV / ".jupyterlab"
 TEST_ENV = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}  # for every test step and nbval
+LOGS = BUILD / "logs"                # the output of steps run in the background
 TIMINGS: list[tuple[str, float, int]] = []
+RUNNING: list[Background] = []      # background steps not yet finished
+START = time.perf_counter()
 
 
 def sh(step: str, *cmd, check=True, env=None) -> int:
@@ -56,6 +60,35 @@ def sh(step: str, *cmd, check=True, env=None) -> int:
         summary()
         sys.exit(rc)
     return rc
+
+
+class Background:
+    """A step run beside the next ones (a core they leave idle): its output goes to a log file,
+    printed with its time when `finish` waits for it."""
+
+    def __init__(self, step: str, *cmd, env=None):
+        self.step, self.start = step, time.perf_counter()
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log = LOGS / (re.sub(r"\W+", "-", step).strip("-") + ".log")
+        print(f"\n==> {step} (beside the next steps; output: {self.log}): "
+              f"{' '.join(map(str, cmd))}", flush=True)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})})
+        RUNNING.append(self)
+
+    def finish(self, check=True) -> int:
+        rc = self.proc.wait()
+        RUNNING.remove(self)
+        TIMINGS.append((self.step, time.perf_counter() - self.start, rc))
+        print(f"\n==> {self.step}: its output\n{self.log.read_text(errors='replace')}"
+              f"<== {self.step}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
+              f"in {TIMINGS[-1][1]:.1f} s", flush=True)
+        if rc != 0 and check:
+            summary()
+            sys.exit(rc)
+        return rc
 
 
 def setup() -> None:
@@ -143,10 +176,14 @@ def ensure_chromium() -> None:
 
 
 def summary() -> None:
-    print("\nstep timings:")
+    for job in RUNNING:  # a step failed while others ran beside it: stop them
+        job.proc.kill()
+        job.proc.wait()
+        print(f"stopped {job.step} (output so far: {job.log})")
+    print("\nstep timings (steps marked ‖ ran beside others):")
     for step, seconds, rc in TIMINGS:
-        print(f"  {step:<22} {seconds:7.1f} s  {'ok' if rc == 0 else f'exit {rc}'}")
-    print(f"  {'total':<22} {sum(s for _, s, _ in TIMINGS):7.1f} s")
+        print(f"  {step:<26} {seconds:7.1f} s  {'ok' if rc == 0 else f'exit {rc}'}")
+    print(f"  {'wall':<26} {time.perf_counter() - START:7.1f} s")
 
 
 def book() -> None:
@@ -173,23 +210,31 @@ def check() -> None:
     # the tests of the built reader notebooks run after the book, below
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
        "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
-    # TRL over many steps, in one process and in two (torchrun): serial, one torch thread each;
-    # the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py)
-    sh("engine tests (TRL, verl)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
-       "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     execute_chapters()
+    # TRL over many steps, in one process and in two (torchrun), then verl's engine: serial, one
+    # torch thread each; the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py).
+    # They run beside the book build and the reader-notebook tests, which leave a core idle.
+    engines = Background("engine tests ‖", PY, "-m", "pytest", "tests/engines", "-m", "engine",
+                         "-q", "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     build_book("book (nbval outputs)")
     sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
        "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
+    engines.finish()
     ensure_chromium()
-    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
-    # (a plain `pytest` skips them instead)
-    browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
-    sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
-       "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py", env=browser_env)
     ensure_jupyterlab()
-    sh("jupyterlab test", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py", "-q",
-       "-m", "browser", "-p", "no:randomly", env=browser_env)
+    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
+    # (a plain `pytest` skips them instead). The JupyterLab test (its own server and Chromium)
+    # runs beside the book's.
+    browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
+    lab = Background("jupyterlab test ‖", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py",
+                     "-q", "-m", "browser", "-p", "no:randomly", env=browser_env)
+    browser_rc = sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
+                    "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py",
+                    env=browser_env, check=False)
+    lab_rc = lab.finish(check=False)
+    if browser_rc or lab_rc:
+        summary()
+        sys.exit(browser_rc or lab_rc)
     summary()
     print("\nall checks passed")
 
