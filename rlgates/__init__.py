@@ -6,8 +6,8 @@
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective (agg: m.agg)
 """
 
-from . import byo, diagnostics, figures, lab, offpolicy
-from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
+from . import byo, diagnostics, figures, lab, offpolicy, tables
+from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight, ragged_mask
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
 from .devices import compare_devices, device, on_accelerator, time_loss, time_step
@@ -34,17 +34,19 @@ from .policy import (
     sample_groups,
     tail_reward,
 )
-from .tables import aggregation_table, defaults_table, table
+from .tables import aggregation_table, defaults_table, markdown_table, table
 
 __all__ = [
     "AGG_MODES", "LOG_RATIO_CLAMP", "REGISTRY", "STD_EPS",
     "GatePanels", "LabConfig", "LabPolicy", "LabResult", "Method", "Plane", "TinyPolicy",
     "aggregate", "aggregation_table", "aggregation_weight", "byo", "check_gradient",
     "compare_devices", "defaults_table", "demo_batch", "demo_size", "device", "diagnostics",
-    "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names",
+    "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios",
+    "markdown_table", "names",
     "offpolicy", "on_accelerator",
     "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
-    "policy_step", "register", "sample_groups", "setup", "table", "tail_reward", "time_loss",
+    "policy_step", "ragged_mask", "register", "sample_groups", "setup", "table", "tables",
+    "tail_reward", "time_loss",
     "time_step", "unregister",
 ]
 __version__ = "0.2.0"

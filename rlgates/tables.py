@@ -1,9 +1,40 @@
-"""Tables generated from the method classes: the article's Table 1, and the conventions page."""
+"""Markdown tables: `markdown_table`, the one writer every table in the book goes through, and
+the tables generated from the method classes (the article's Table 1, the conventions page)."""
 
 from __future__ import annotations
 
+import re
+from numbers import Number
+
 from . import _numerics as nx
 from .methods import REGISTRY, get, names
+
+_UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def _cell(value, fmt) -> str:
+    if fmt is not None and isinstance(value, Number) and not isinstance(value, bool):
+        value = format(value, fmt)
+    # a bare | would split the row; one already written as \| stays as it is
+    return _UNESCAPED_PIPE.sub(r"\\|", str(value).replace("\n", " "))
+
+
+def markdown_table(header, rows, fmt: str | None = None) -> str:
+    """A Markdown (pipe) table: a header row, the `| --- |` rule, then one line per row.
+
+    Cells are written with str(); numbers with format(value, fmt) when `fmt` is given (".3f").
+    A "|" in a cell is escaped, so it cannot split the row. Every row must have as many cells
+    as the header. Show it with IPython's `Markdown(...)` or glue that object (MyST renders it).
+    """
+    header = list(header)
+    lines = ["| " + " | ".join(_cell(h, None) for h in header) + " |",
+             "|" + " --- |" * len(header)]
+    for i, row in enumerate(rows):
+        row = list(row)
+        if len(row) != len(header):
+            raise ValueError(f"row {i} has {len(row)} cells, the header {len(header)}: {row}")
+        lines.append("| " + " | ".join(_cell(c, fmt) for c in row) + " |")
+    return "\n".join(lines)
 
 
 def _row_order():
@@ -22,7 +53,7 @@ def table(names=None, merge_grpo=True, article=False) -> str:
     if names is None:
         names = [n for n in _row_order() if REGISTRY[n].article_row or not article]
     merged = merge_grpo and "ppo" in names
-    rows = ["| method | $f(\\rho;A)$ | $f'(\\rho;A)$ | insight |", "| --- | --- | --- | --- |"]
+    rows = []
     for name in names:
         if merged and name == "grpo":
             continue
@@ -31,21 +62,20 @@ def table(names=None, merge_grpo=True, article=False) -> str:
         if merged and name == "ppo":
             g = get("grpo")
             label = f"{m.title} ({m.date}) / {g.title} ({g.date})"
-        rows.append(f"| {label} | ${m.f_latex}$ | ${m.gate_latex}$ | {m.insight} |")
-    return "\n".join(rows)
+        rows.append([label, f"${m.f_latex}$", f"${m.gate_latex}$", m.insight])
+    return markdown_table(["method", "$f(\\rho;A)$", "$f'(\\rho;A)$", "insight"], rows)
 
 
 def defaults_table() -> str:
     """A Markdown table of every method's defaults, level, default aggregation and its source."""
-    rows = ["| method | hyperparameters (defaults) | level | default `agg` | why that default |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = []
     for name in names():
         m = get(name)
         hp = ", ".join(f"`{k}` = {v:g}" for k, v in m.hparams.items()) or "none"
-        source = m.agg_source.replace("|", "\\|")  # a literal | would split the cell
-        rows.append(f"| `{name}` ({m.title}; {m.paper}) | {hp} | {m.level} | `{m.agg}` | "
-                    f"{source} |")
-    return "\n".join(rows)
+        rows.append([f"`{name}` ({m.title}; {m.paper})", hp, m.level, f"`{m.agg}`",
+                     m.agg_source])
+    return markdown_table(["method", "hyperparameters (defaults)", "level", "default `agg`",
+                           "why that default"], rows)
 
 
 AGG_DEFINITIONS = {
@@ -61,6 +91,5 @@ AGG_DEFINITIONS = {
 
 def aggregation_table() -> str:
     """A Markdown table of the aggregation modes (`rlgates.AGG_MODES`) and their definitions."""
-    rows = ["| `agg` | loss = |", "| --- | --- |"]
-    rows += [f"| `{mode}` | {AGG_DEFINITIONS[mode]} |" for mode in nx.AGG_MODES]
-    return "\n".join(rows)
+    return markdown_table(["`agg`", "loss ="],
+                          [(f"`{mode}`", AGG_DEFINITIONS[mode]) for mode in nx.AGG_MODES])

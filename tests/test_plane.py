@@ -132,3 +132,14 @@ def test_conventions_tables_have_one_cell_per_column():
         assert f"`{name}`" in rlgates.defaults_table()
     for mode in rlgates.AGG_MODES:
         assert f"`{mode}`" in rlgates.aggregation_table()
+
+
+def test_markdown_table_writes_one_cell_per_column():
+    md = rlgates.markdown_table(["a", "b|c"], [(1, "x | y"), (0.12345, r"already \| escaped")],
+                                fmt=".2f")
+    assert md.splitlines() == ["| a | b\\|c |", "| --- | --- |", "| 1.00 | x \\| y |",
+                               "| 0.12 | already \\| escaped |"]
+    assert rlgates.markdown_table(["n", "flag"], [(3, True)]).splitlines()[2] == "| 3 | True |"
+    # negative control: a row with a missing cell is refused, not silently shifted
+    with pytest.raises(ValueError, match="row 1 has 1 cells"):
+        rlgates.markdown_table(["a", "b"], [(1, 2), (3,)])

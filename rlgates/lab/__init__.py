@@ -18,6 +18,7 @@ from . import report, task
 from . import train as train_module
 from .report import (
     curves,
+    format_interval,
     interval,
     method_color,
     paired_difference,
@@ -42,7 +43,7 @@ from .train import (
 
 __all__ = [
     "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy", "LabResult", "PatternTask",
-    "curves", "default_agg", "interval", "method_color", "method_name", "paired_difference",
-    "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "run_many", "summary",
-    "summary_table", "summed_loss", "train", "verdict", "report", "task", "train_module",
+    "curves", "default_agg", "format_interval", "interval", "method_color", "method_name",
+    "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "run_many",
+    "summary", "summary_table", "summed_loss", "train", "verdict", "report", "task", "train_module",
 ]
