@@ -23,7 +23,7 @@ from .figures import (
 from .interactive import explore
 from .lab import LabConfig, LabResult
 from .methods import REGISTRY, Method, get, names, register, unregister
-from .notebook import setup
+from .notebook import setup, show_source
 from .policy import (
     LabPolicy,
     TinyPolicy,
@@ -45,7 +45,8 @@ __all__ = [
     "markdown_table", "names",
     "offpolicy", "on_accelerator",
     "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
-    "policy_step", "ragged_mask", "register", "sample_groups", "setup", "table", "tables",
+    "policy_step", "ragged_mask", "register", "sample_groups", "setup", "show_source", "table",
+    "tables",
     "tail_reward", "time_loss",
     "time_step", "unregister",
 ]

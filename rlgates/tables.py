@@ -66,6 +66,22 @@ def table(names=None, merge_grpo=True, article=False) -> str:
     return markdown_table(["method", "$f(\\rho;A)$", "$f'(\\rho;A)$", "insight"], rows)
 
 
+def _hparam_text(v) -> str:
+    return f"{v:.0e}".replace("e-0", "e-") if 0 < abs(v) < 1e-3 else repr(v)
+
+
+def methods_table() -> str:
+    """The README's table: name, hyperparameters (defaults), default `agg`, the gate in plain
+    text (`gate_text`, else `gate_latex` as math). scripts/readme_methods.py writes it there."""
+    rows = []
+    for name in names():
+        m = get(name)
+        hp = ", ".join(f"`{k}` ({_hparam_text(v)})" for k, v in m.hparams.items()) or "none"
+        rows.append([f"`{name}`", hp, m.agg, m.gate_text or f"${m.gate_latex}$"])
+    return markdown_table(["name", "hyperparameters (defaults)", "default `agg`",
+                           "gate f'(ρ; A)"], rows)
+
+
 def defaults_table() -> str:
     """A Markdown table of every method's defaults, level, default aggregation and its source."""
     rows = []

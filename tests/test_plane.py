@@ -143,3 +143,24 @@ def test_markdown_table_writes_one_cell_per_column():
     # negative control: a row with a missing cell is refused, not silently shifted
     with pytest.raises(ValueError, match="row 1 has 1 cells"):
         rlgates.markdown_table(["a", "b"], [(1, 2), (3,)])
+
+
+def test_readme_method_table_is_generated_from_the_registry():
+    """README.md's method table is scripts/readme_methods.py's output: one row per registered
+    method, in `names()` order; a stale README fails here."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import readme_methods
+
+    text = (root / "README.md").read_text(encoding="utf-8")
+    assert readme_methods.generated(text) == text, "run python scripts/readme_methods.py"
+    table = rlgates.tables.methods_table().splitlines()
+    assert [row.split(" | ")[0].strip("| `") for row in table[2:]] == METHODS
+    for name in METHODS:
+        assert rlgates.get(name).gate_text in text
+    # negative control: a README whose table lost a row is not the generated one
+    stale = text.replace(table[-1] + "\n", "")
+    assert stale != text and readme_methods.generated(stale) == text
