@@ -146,8 +146,8 @@ def check() -> None:
     # the tests of the built reader notebooks run after the book, below
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
        "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
-    # TRL over many steps, in one process and in two (torchrun): serial, one torch thread each;
-    # the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py)
+    # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
+    # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py)
     sh("engine tests (TRL, verl)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
        "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).

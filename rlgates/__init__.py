@@ -34,15 +34,14 @@ from .policy import (
     sample_groups,
     tail_reward,
 )
-from .tables import aggregation_table, defaults_table, markdown_table, table
+from .tables import aggregation_table, defaults_table, table
 
 __all__ = [
     "AGG_MODES", "LOG_RATIO_CLAMP", "REGISTRY", "STD_EPS",
     "GatePanels", "LabConfig", "LabPolicy", "LabResult", "Method", "Plane", "TinyPolicy",
     "aggregate", "aggregation_table", "aggregation_weight", "byo", "check_gradient",
     "compare_devices", "defaults_table", "demo_batch", "demo_size", "device", "diagnostics",
-    "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios",
-    "markdown_table", "names",
+    "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names",
     "offpolicy", "on_accelerator",
     "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
     "policy_step", "ragged_mask", "register", "sample_groups", "setup", "show_source", "table",

@@ -1,5 +1,6 @@
-"""Markdown tables: `markdown_table`, the one writer every table in the book goes through, and
-the tables generated from the method classes (the article's Table 1, the conventions page)."""
+"""Markdown tables: `markdown`, the one writer every table in the book goes through, and the
+tables generated from the method classes (the article's Table 1, the conventions page, the
+README's method table)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ def _cell(value, fmt) -> str:
     return _UNESCAPED_PIPE.sub(r"\\|", str(value).replace("\n", " "))
 
 
-def markdown_table(header, rows, fmt: str | None = None) -> str:
-    """A Markdown (pipe) table: a header row, the `| --- |` rule, then one line per row.
+def markdown(rows, header, fmt: str | None = None) -> str:
+    """A Markdown (pipe) table: the `header` row (column names), the `| --- |` rule, then one
+    line per row of `rows` (each a sequence of cells).
 
     Cells are written with str(); numbers with format(value, fmt) when `fmt` is given (".3f").
-    A "|" in a cell is escaped, so it cannot split the row. Every row must have as many cells
-    as the header. Show it with IPython's `Markdown(...)` or glue that object (MyST renders it).
-    """
+    A "|" in a cell is escaped (one already written as \\| is kept), so it cannot split the row.
+    Every row must have as many cells as the header. Show it with IPython's `Markdown(...)` or
+    glue that object (MyST renders it as a table)."""
     header = list(header)
     lines = ["| " + " | ".join(_cell(h, None) for h in header) + " |",
              "|" + " --- |" * len(header)]
@@ -63,7 +65,7 @@ def table(names=None, merge_grpo=True, article=False) -> str:
             g = get("grpo")
             label = f"{m.title} ({m.date}) / {g.title} ({g.date})"
         rows.append([label, f"${m.f_latex}$", f"${m.gate_latex}$", m.insight])
-    return markdown_table(["method", "$f(\\rho;A)$", "$f'(\\rho;A)$", "insight"], rows)
+    return markdown(rows, ["method", "$f(\\rho;A)$", "$f'(\\rho;A)$", "insight"])
 
 
 def _hparam_text(v) -> str:
@@ -78,8 +80,8 @@ def methods_table() -> str:
         m = get(name)
         hp = ", ".join(f"`{k}` ({_hparam_text(v)})" for k, v in m.hparams.items()) or "none"
         rows.append([f"`{name}`", hp, m.agg, m.gate_text or f"${m.gate_latex}$"])
-    return markdown_table(["name", "hyperparameters (defaults)", "default `agg`",
-                           "gate f'(ρ; A)"], rows)
+    return markdown(rows, ["name", "hyperparameters (defaults)", "default `agg`",
+                           "gate f'(ρ; A)"])
 
 
 def defaults_table() -> str:
@@ -90,8 +92,8 @@ def defaults_table() -> str:
         hp = ", ".join(f"`{k}` = {v:g}" for k, v in m.hparams.items()) or "none"
         rows.append([f"`{name}` ({m.title}; {m.paper})", hp, m.level, f"`{m.agg}`",
                      m.agg_source])
-    return markdown_table(["method", "hyperparameters (defaults)", "level", "default `agg`",
-                           "why that default"], rows)
+    return markdown(rows, ["method", "hyperparameters (defaults)", "level", "default `agg`",
+                           "why that default"])
 
 
 AGG_DEFINITIONS = {
@@ -107,5 +109,5 @@ AGG_DEFINITIONS = {
 
 def aggregation_table() -> str:
     """A Markdown table of the aggregation modes (`rlgates.AGG_MODES`) and their definitions."""
-    return markdown_table(["`agg`", "loss ="],
-                          [(f"`{mode}`", AGG_DEFINITIONS[mode]) for mode in nx.AGG_MODES])
+    return markdown([(f"`{mode}`", AGG_DEFINITIONS[mode]) for mode in nx.AGG_MODES],
+                    ["`agg`", "loss ="])

@@ -134,15 +134,29 @@ def test_conventions_tables_have_one_cell_per_column():
         assert f"`{mode}`" in rlgates.aggregation_table()
 
 
-def test_markdown_table_writes_one_cell_per_column():
-    md = rlgates.markdown_table(["a", "b|c"], [(1, "x | y"), (0.12345, r"already \| escaped")],
-                                fmt=".2f")
+def test_markdown_table_escapes_pipes_and_checks_widths():
+    import re
+
+    from rlgates import tables
+
+    md = tables.markdown([("`ppo`", "$|A|$ > 0", 3), ("x", "", 0.5)], ("a", "b", "c"))
+    lines = md.splitlines()
+    assert lines[0] == "| a | b | c |" and lines[1] == "| --- | --- | --- |"
+    assert lines[2] == "| `ppo` | $\\|A\\|$ > 0 | 3 |"
+    assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {4}
+    with pytest.raises(ValueError, match="2 cells"):
+        tables.markdown([("only", "two")], ("a", "b", "c"))
+
+
+def test_markdown_table_formats_numbers_and_escapes_once():
+    md = rlgates.tables.markdown([(1, "x | y"), (0.12345, r"already \| escaped")], ["a", "b|c"],
+                                 fmt=".2f")
     assert md.splitlines() == ["| a | b\\|c |", "| --- | --- |", "| 1.00 | x \\| y |",
                                "| 0.12 | already \\| escaped |"]
-    assert rlgates.markdown_table(["n", "flag"], [(3, True)]).splitlines()[2] == "| 3 | True |"
+    assert rlgates.tables.markdown([(3, True)], ["n", "flag"]).splitlines()[2] == "| 3 | True |"
     # negative control: a row with a missing cell is refused, not silently shifted
     with pytest.raises(ValueError, match="row 1 has 1 cells"):
-        rlgates.markdown_table(["a", "b"], [(1, 2), (3,)])
+        rlgates.tables.markdown([(1, 2), (3,)], ["a", "b"])
 
 
 def test_readme_method_table_is_generated_from_the_registry():

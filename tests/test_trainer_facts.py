@@ -207,3 +207,35 @@ def test_verls_entropy_is_pi_olds_under_loss_agg_mode():
     from rlgates import diagnostics
 
     assert "verl's ``actor/entropy`` is another quantity" in diagnostics.__doc__
+
+
+def test_trl_logged_loss_and_grad_norm_and_metric_reductions():
+    """Chapter 14's engine section: the logged `loss` is the mean over processes of the window's
+    summed micro-batch losses (no second division by GA: GRPOTrainer scales its own loss, and
+    transformers < 5.19 reads that from model_accepts_loss_kwargs / compute_loss_func); grad_norm
+    is the norm before clipping; TRL sums its token metrics over processes and gathers its
+    per-response ones."""
+    import transformers
+    from packaging.version import Version
+    from transformers import Trainer
+    from trl.trainer.base_trainer import _BaseTrainer
+
+    assert GRPOTrainer.loss_is_scaled_for_ga is True
+    assert Version(transformers.__version__) < Version("5.19.0")
+    base = " ".join(inspect.getsource(_BaseTrainer.__init__).split())
+    assert "self.model_accepts_loss_kwargs = False if self.loss_is_scaled_for_ga:" in base
+    log = " ".join(inspect.getsource(Trainer._maybe_log_save_evaluate).split())
+    assert "tr_loss_scalar = nested_gather(tr_loss, self.args.parallel_mode).mean().item()" in log
+    assert ('logs["loss"] = tr_loss_scalar / (self.state.global_step - '
+            'self._globalstep_last_logged)') in log
+    train = " ".join(inspect.getsource(Trainer._run_epoch).split())
+    assert "self._tr_loss += tr_loss_step" in train
+    assert "grad_norm = self._clip_grad_norm(model)" in train
+    assert "Returns the pre-clip gradient norm" in inspect.getsource(Trainer._clip_grad_norm)
+    code = " ".join(inspect.getsource(GRPOTrainer._compute_loss).split())
+    assert 'totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")' \
+        in code
+    assert "gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))" \
+        in code
+    ch14 = " ".join((ROOT / "chapters" / "14_real_trainers.md").read_text().split())
+    assert "the mean over processes of the sum, over the window's micro-batches," in ch14

@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..methods import REGISTRY
-from ..tables import markdown_table
+from ..tables import markdown
 
 #: Two-sided 95 % Student-t quantiles t_{0.975, df} for df = 1 … 30.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -93,7 +93,7 @@ def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_rat
     s = summary(runs, keys, last)
     n = len(next(iter(runs.values())))
     rows = [[label] + [format_interval(stats[k], fmt) for k in keys] for label, stats in s.items()]
-    return (markdown_table(["method", *keys], rows) + f"\n\nmean [95 % interval] over {n} seeds "
+    return (markdown(rows, ["method", *keys]) + f"\n\nmean [95 % interval] over {n} seeds "
             f"of each run's mean over its last {last} steps.")
 
 
@@ -108,7 +108,7 @@ def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
         diffs = [paired_difference(runs, label, baseline, key, last) for key in keys]
         rows.append([label] + [f"{format_interval(d, fmt)} {verdict(d)}" for d in diffs])
     n = len(runs[baseline])
-    return (markdown_table([f"− {baseline}", *keys], rows) + f"\n\nPaired differences over "
+    return (markdown(rows, [f"− {baseline}", *keys]) + f"\n\nPaired differences over "
             f"{n} common seeds: mean [95 % interval] of each run's mean over its last {last} "
             "steps minus its baseline's.")
 

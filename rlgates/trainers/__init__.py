@@ -162,4 +162,5 @@ def gate_stats(method, logp, logp_old, adv, mask):
         return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
 
 
-__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
+           "loss"]
