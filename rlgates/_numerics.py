@@ -74,6 +74,21 @@ def check_mask(mask, shape, device=None):
     return mask if mask.dtype == torch.bool else _bool_mask(mask)
 
 
+def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
+    """The bool mask [B, T] of a ragged batch: row b is True on its first lengths[b] tokens
+    (the real ones) and False on the padding after them. T defaults to the longest length;
+    the mask lives on lengths' device."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer tensor or list, got dtype "
+                         f"{lengths.dtype} and shape {tuple(lengths.shape)}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    T = longest if T is None else int(T)
+    if lengths.numel() and (int(lengths.min()) < 0 or longest > T):
+        raise ValueError(f"lengths must lie in [0, T={T}], got {lengths.tolist()}")
+    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def _bool_mask(mask):
     """A 0/1 float or int mask as bool, in one conversion pass plus one counting pass: its
     values are all 0 or 1 exactly when its non-zeros are exactly its ones (NaN counts as a
