@@ -211,8 +211,8 @@ def check() -> None:
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
        "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
     execute_chapters()
-    # TRL over many steps, in one process and in two (torchrun), then verl's engine: serial, one
-    # torch thread each; the numbers land in _build/engines/trl.json (tests/engines/trl_runs.py).
+    # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
+    # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py).
     # They run beside the book build and the reader-notebook tests, which leave a core idle.
     engines = Background("engine tests ‖", PY, "-m", "pytest", "tests/engines", "-m", "engine",
                          "-q", "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})

@@ -77,6 +77,21 @@ def check_mask(mask, shape, device=None):
     return mask if mask.dtype == torch.bool else _bool_mask(mask)
 
 
+def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
+    """The bool mask [B, T] of a ragged batch: row b is True on its first lengths[b] tokens
+    (the real ones) and False on the padding after them. T defaults to the longest length;
+    the mask lives on lengths' device."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer tensor or list, got dtype "
+                         f"{lengths.dtype} and shape {tuple(lengths.shape)}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    T = longest if T is None else int(T)
+    if lengths.numel() and (int(lengths.min()) < 0 or longest > T):
+        raise ValueError(f"lengths must lie in [0, T={T}], got {lengths.tolist()}")
+    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def _bool_mask(mask):
     """A 0/1 float or int mask as bool. Its values are all 0 or 1 exactly when they lie in
     [0, 1] (NaN fails the test) and have no fractional part: one min/max pass, and for floats
@@ -190,6 +205,15 @@ def aggregation_weight(mask, agg):
     if agg == "seq-mean-token-sum-norm":
         return m / max(m.shape[-1], 1) / n_seq
     return m / n_seq
+
+
+def run_scale(mask, agg):
+    """[...]: N / N_r for masks [..., B, T] merged into one batch, with N_r run r's tokens
+    (token-mean) or non-empty responses (the seq-mean modes) and N all runs': run r's own
+    aggregation weight is the merged batch's times this constant."""
+    count = mask.sum((-2, -1)) if agg == "token-mean" else (mask.sum(-1) > 0).sum(-1)
+    count = count.to(torch.float64)
+    return count.sum() / count.clamp(min=1)
 
 
 class _StrictClamp(torch.autograd.Function):

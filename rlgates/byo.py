@@ -6,7 +6,7 @@
     >>> print(byo.verify(soft))           # eq. 5 for every agg; f' vs finite differences
     >>> rlgates.plot_gate_signal(soft)    # the gate | signal panels of Part I
     >>> byo.plot_profiles(soft, "ppo")    # f and f' against log ρ, for A > 0 and A < 0
-    >>> runs = byo.run_lab(soft, compare=("ppo",))   # train the tiny policy with it
+    >>> runs = lab.run_many({"soft": soft, "ppo": "ppo"}, seeds=(0, 1))   # train the lab's policy
 
 The weight function takes the ratio ρ and the advantage A as tensors of one shape (plus any
 hyperparameters as keyword arguments) and must be elementwise and differentiable in ρ almost
@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _numerics as nx
+from .check import check_gradient
 from .figures import plot_profiles
+from .methods import get
 from .methods._base import REGISTRY, Method, _hparam, unregister
 from .methods._base import register as _register
 
@@ -157,8 +159,7 @@ def _ragged_batch(seed, scale, B=6, T=9, dtype=torch.float64):
     adv = torch.randn(B, generator=g, dtype=dtype)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[1] = 0  # one fully masked sequence
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    return logp, logp_old, adv, mask
+    return logp, logp_old, adv, nx.ragged_mask(lengths, T)
 
 
 def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> Verification:
@@ -173,22 +174,9 @@ def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> V
     3. Properties worth knowing: the gate at ρ = 1, its range (a negative gate flips the update's
        sign), and how large the learning signal can get.
     """
-    from .methods import get
-
     method = get(method) if isinstance(method, str) else method
-    eq5 = {}
-    for agg in nx.AGG_MODES:
-        worst = 0.0
-        for seed in seeds:
-            for scale in scales:
-                logp, logp_old, adv, mask = _ragged_batch(seed, scale)
-                leaf = logp.clone().requires_grad_(True)
-                loss = method.loss(leaf, logp_old, adv, mask, agg)
-                auto = (torch.autograd.grad(loss, leaf)[0] if loss.requires_grad
-                        else torch.zeros_like(logp))  # f ignores ρ (or detaches it)
-                closed = method.expected_grad(logp, logp_old, adv, mask, agg)
-                worst = max(worst, float((auto - closed).abs().max()))
-        eq5[agg] = worst
+    eq5 = {agg: max(check_gradient(method, *_ragged_batch(seed, scale), agg)[2]
+                    for seed in seeds for scale in scales) for agg in nx.AGG_MODES}
 
     log_ratio = torch.linspace(-grid_lim, grid_lim, n, dtype=torch.float64)[:, None]
     adv = torch.tensor([-1.0, -0.5, 0.5, 1.0], dtype=torch.float64)[None, :]
@@ -218,25 +206,4 @@ def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> V
         signal_max=float(signal.abs().max()), grid_lim=grid_lim, notes=notes)
 
 
-# --------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------
-# --------------------------------------------------------------------------------------------
-# the lab
-# --------------------------------------------------------------------------------------------
-def run_lab(method, compare=("ppo",), seeds=(0, 1), config=None, steps=None, lag=0, agg=None,
-            progress=False) -> dict:
-    """Train the tiny policy with `method` and with each method in `compare`, same seeds.
-
-    Returns rlgates.lab.run_many's {label: [LabResult per seed]}; summarise it with
-    lab.summary_table(runs) and plot it with lab.plot_runs(runs, "reward").
-    """
-    from . import lab
-
-    label = getattr(method, "name", None) or "custom"
-    methods = {label: method, **{str(c): c for c in compare}}
-    return lab.run_many(methods, seeds=seeds, config=config, steps=steps, lag=lag, agg=agg,
-                        progress=progress)
-
-
-__all__ = ["CustomMethod", "Verification", "make", "plot_profiles", "run_lab", "verify"]
+__all__ = ["CustomMethod", "Verification", "make", "plot_profiles", "verify"]

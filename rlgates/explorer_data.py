@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 
-from .figures import CMAP, axis_symbols, log_ratio_lim
+from .figures import CMAP, axis_symbols, default_lim
 from .methods import REGISTRY, get, names
 
 
@@ -52,7 +52,7 @@ def method_entry(name: str) -> dict:
         "f_latex": m.f_latex,
         "adv_symbol": adv,
         "ratio_symbol": ratio,
-        "log_ratio_lim": float(log_ratio_lim(m)),
+        "log_ratio_lim": float(default_lim(m)),
         "js": dict(m.explorer) if m.explorer is not None else None,
         "params": [
             {"key": k, "label": m.param_labels.get(k, k), "default": float(v),

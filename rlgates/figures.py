@@ -31,7 +31,7 @@ def _method(method) -> Method:
     return get(method) if isinstance(method, str) else method
 
 
-def log_ratio_lim(method: Method) -> float:
+def default_lim(method: Method) -> float:
     """The method's own half-height of the log ρ axis (its class's `log_ratio_lim`)."""
     return getattr(method, "log_ratio_lim", Method.log_ratio_lim)
 
@@ -106,10 +106,10 @@ class Plane:
         return (self.adv[0], self.adv[-1], self.log_ratio[0], self.log_ratio[-1])
 
 
-def plane(method, adv_lim=1.0, log_ratio_lim_=None, n=201) -> Plane:
+def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201) -> Plane:
     """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim."""
     method = _method(method)
-    lim = log_ratio_lim(method) if log_ratio_lim_ is None else log_ratio_lim_
+    lim = default_lim(method) if log_ratio_lim is None else log_ratio_lim
     adv = torch.linspace(-adv_lim, adv_lim, n, dtype=torch.float64)
     log_ratio = torch.linspace(-lim, lim, n, dtype=torch.float64)
     ratio = log_ratio.exp()[:, None]
@@ -142,11 +142,11 @@ class GatePanels:
     discourages. Right: the learning signal f'·ρ·A. Both share axes; colour bars are labelled.
     """
 
-    def __init__(self, method, adv_lim=1.0, log_ratio_lim_=None, n=201, signal_max=None, axes=None,
+    def __init__(self, method, adv_lim=1.0, log_ratio_lim=None, n=201, signal_max=None, axes=None,
                  live=False):
         import matplotlib.pyplot as plt
 
-        self.adv_lim, self.lim, self.n, self.signal_max = adv_lim, log_ratio_lim_, n, signal_max
+        self.adv_lim, self.lim, self.n, self.signal_max = adv_lim, log_ratio_lim, n, signal_max
         self.live, self._background = live, None
         if axes is None:
             fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True,
@@ -239,14 +239,14 @@ def plot_gate_signal(method, **kwargs):
     return GatePanels(method, **kwargs).fig
 
 
-def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim_=0.6, ax=None):
+def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim=0.6, ax=None):
     """Figure 1: the four PPO regions on the (A, log ρ) plane."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
     method = get("ppo", eps=eps)
-    p = plane(method, adv_lim, log_ratio_lim_, n=401)
+    p = plane(method, adv_lim, log_ratio_lim, n=401)
     # 0: discourage, 1: zero gradient, 2: encourage
     region = 1 + np.sign(p.adv)[None, :] * p.gate
     if ax is None:
@@ -258,10 +258,10 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim_=0.6, ax=None):
     ax.axvline(0, color="0.3", linewidth=0.8)
     hi, lo = np.log(1 + eps), np.log(1 - eps)
     labels = [
-        (adv_lim / 2, (hi - log_ratio_lim_) / 2, "A>0, unclipped:\nencourage", "white"),
-        (adv_lim / 2, (hi + log_ratio_lim_) / 2, "A>0, clipped\n(ρ > 1+ε): zero", "black"),
-        (-adv_lim / 2, (lo + log_ratio_lim_) / 2, "A<0, unclipped:\ndiscourage", "white"),
-        (-adv_lim / 2, (lo - log_ratio_lim_) / 2, "A<0, clipped\n(ρ < 1−ε): zero", "black"),
+        (adv_lim / 2, (hi - log_ratio_lim) / 2, "A>0, unclipped:\nencourage", "white"),
+        (adv_lim / 2, (hi + log_ratio_lim) / 2, "A>0, clipped\n(ρ > 1+ε): zero", "black"),
+        (-adv_lim / 2, (lo + log_ratio_lim) / 2, "A<0, unclipped:\ndiscourage", "white"),
+        (-adv_lim / 2, (lo - log_ratio_lim) / 2, "A<0, clipped\n(ρ < 1−ε): zero", "black"),
     ]
     for x, y, text, colour in labels:
         ax.text(x, y, text, ha="center", va="center", color=colour, fontsize=9)
@@ -276,7 +276,7 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim_=0.6, ax=None):
     return ax.figure
 
 
-def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim_=None,
+def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim=None,
                          fixed=None):
     """One panel per value of `param`: the static stand-in for a slider.
 
@@ -288,7 +288,7 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     if panel not in ("signal", "gate"):
         raise ValueError(f"panel must be 'signal' or 'gate', got {panel!r}")
     methods = [get(name, **{**(fixed or {}), param: v}) for v in values]
-    planes = [plane(m, adv_lim, log_ratio_lim_) for m in methods]
+    planes = [plane(m, adv_lim, log_ratio_lim) for m in methods]
     if panel == "signal":
         grids = [p.signal for p in planes]
         vmax = max(float(np.abs(g).max()) for g in grids) or 1.0
@@ -351,7 +351,7 @@ def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801
     return axes[0][0].figure
 
 
-def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
+def plot_runs(runs: dict, key: str, ax=None, colors=None, label=True):
     """Lab runs {label: [LabResult per seed]}: the mean of `key` over seeds against the training
     step, with its 95 % interval as a band. A registered method's label gets its colour."""
     import matplotlib.pyplot as plt
@@ -362,10 +362,6 @@ def plot_runs(runs: dict, key: str, ax=None, colors=None, smooth=1, label=True):
         _, ax = plt.subplots(figsize=(5, 3.2))
     for i, (name, results) in enumerate(runs.items()):
         c = curves(results, key)
-        if smooth > 1:
-            kernel = torch.ones(1, 1, smooth, dtype=c.dtype) / smooth
-            padded = torch.cat([c[:, :1].expand(-1, smooth - 1), c], 1)
-            c = torch.nn.functional.conv1d(padded[:, None], kernel)[:, 0]
         steps = results[0].metrics["step"][: c.shape[1]]
         mean, n = c.mean(0), c.shape[0]
         half = t975(n - 1) * c.std(0) / math.sqrt(n) if n > 1 else 0 * mean

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .figures import GatePanels, log_ratio_lim, plane
+from .figures import GatePanels, default_lim, plane
 from .methods import get
 
 
@@ -34,12 +34,12 @@ def explore(name, **panel_kwargs):
 
     method = get(name)
     adv_lim = panel_kwargs.pop("adv_lim", 1.0)
-    base_lim = panel_kwargs.pop("log_ratio_lim_", None) or log_ratio_lim(method)
+    base_lim = panel_kwargs.pop("log_ratio_lim", None) or default_lim(method)
     lim = axis_lim(method, base_lim)
     # a fixed colour scale (the default's), so that the colour bars stay put while sliders move
     start = plane(method, adv_lim, lim, panel_kwargs.get("n", 201))
     panel_kwargs.setdefault("signal_max", float(np.abs(start.signal).max()) or 1.0)
-    panels = GatePanels(method, adv_lim=adv_lim, log_ratio_lim_=lim, live=True, **panel_kwargs)
+    panels = GatePanels(method, adv_lim=adv_lim, log_ratio_lim=lim, live=True, **panel_kwargs)
     plt.close(panels.fig)  # shown through the Image widget below, not by the inline backend
     dpi = panels.fig.get_dpi() * IMAGE_SCALE
     css_width = f"{round(panels.fig.get_figwidth() * panels.fig.get_dpi())}px"

@@ -17,13 +17,17 @@ w = π_prox/μ computed without gradient, so the gradient of every method become
 a factor outside the gate. The corrections differ only in what they do with w:
 
 * ``tis``: truncated importance sampling, w ← min(w, C) (Yao et al.'s blog "Your efficient RL
-  framework secretly brings you off-policy RL training", 2025; verl ``rollout_is_threshold=2.0``
-  with ``rollout_is_mode=truncate``; TRL's ``vllm_importance_sampling_cap=2.0``);
-* ``mis``: masked importance sampling, w ← w·1[w ≤ C] (verl ``rollout_is_mode=mask``; TRL's
-  ``token_mask``/``sequence_mask`` modes; AReaL's ``behav_imp_weight_cap``, which drops tokens
-  whose weight exceeds the cap);
+  framework secretly brings you off-policy RL training", 2025; verl 0.9.1's ``rollout_is="token"``
+  or ``"sequence"`` with ``rollout_is_threshold=2.0``; TRL 1.16's ``token_truncate`` and
+  ``sequence_truncate`` modes with ``vllm_importance_sampling_clip_max``);
+* ``mis``: masked importance sampling, w ← w·1[w ≤ C] (verl's rejection sampling,
+  ``rollout_rs`` with ``rollout_rs_threshold``; TRL's ``token_mask``/``sequence_mask`` modes, its
+  default under vLLM ``sequence_mask`` with C = 3; AReaL's ``behav_imp_weight_cap``, which drops
+  tokens whose weight exceeds the cap);
 * ``icepop``: two-sided masking, w ← w·1[α ≤ w ≤ β] (IcePop, Ring-1T, arXiv:2510.18855; verl's
-  IcePop setting ``rollout_is_threshold="0.5_5.0"``).
+  IcePop setting ``rollout_is_threshold="0.5_5.0"``, its ``decoupled_token_icepop()`` preset).
+
+tests/test_trainer_facts.py checks these flags against the installed trainers.
 
 Each works at token level (one w_t per token) or at sequence level (w = Π_t w_t, the product over
 the response, as verl and TRL compute it, broadcast to every token of the response).
@@ -46,15 +50,15 @@ from . import _numerics as nx
 #: kind -> (what it does outside the band, default level, default low, default high, source)
 CORRECTIONS = {
     "tis": {"mode": "truncate", "level": "token", "low": None, "high": 2.0,
-            "source": "Yao et al. 2025 (TIS blog); verl rollout_is_threshold=2.0 (truncate); "
-                      "TRL vllm_importance_sampling_cap=2.0 (newer TRL: clip_max=3.0)"},
+            "source": "Yao et al. 2025 (TIS blog); verl rollout_is with rollout_is_threshold=2.0; "
+                      "TRL *_truncate modes with vllm_importance_sampling_clip_max"},
     "mis": {"mode": "mask", "level": "token", "low": None, "high": 2.0,
-            "source": "verl rollout_is_mode=mask with rollout_is_threshold=2.0; TRL token_mask / "
-                      "sequence_mask (default sequence_mask, clip_max=3.0); AReaL "
+            "source": "verl rejection sampling (rollout_rs, rollout_rs_threshold); TRL token_mask "
+                      "/ sequence_mask (default sequence_mask, clip_max=3.0); AReaL "
                       "behav_imp_weight_cap"},
     "icepop": {"mode": "mask", "level": "token", "low": 0.5, "high": 5.0,
                "source": "IcePop (Ring-1T, arXiv:2510.18855); verl rollout_is_threshold="
-                         "'0.5_5.0'"},
+                         "'0.5_5.0' (decoupled_token_icepop)"},
 }
 LEVELS = ("token", "sequence")
 

@@ -131,7 +131,7 @@ def policy_step(policy, optimizer, method, tokens, logp_old, adv, mask=None, agg
 
 
 def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, group=8, length=16,
-                      lr=1e-3, seed=0, device=None, family="lab"):
+                      lr=1e-3, seed=0, device=None):
     """How far the live policy drifts from a rollout policy that lags k updates behind.
 
     Trains one `LabPolicy` (the lab's policy of chapters 11-13; every prompt is its start marker)
@@ -143,13 +143,9 @@ def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, grou
     float rounding (about 1e-7), not exactly 0. At the same learning rate this policy drifts
     about three times as far in eight updates as the GRU `TinyPolicy` the function used before,
     hence the default lr of 1e-3 (was 3e-3). Used by chapters 1 and 6.
-
-    family: "lab", the only one (kept so that calls written with family="lab" still run).
     """
     from .advantages import group_advantages
 
-    if family != "lab":
-        raise ValueError(f"family must be 'lab' (the 'gru' family is gone), got {family!r}")
     dev = torch.device(device or "cpu")
     g = torch.Generator(device=dev).manual_seed(seed)
     policy = LabPolicy([seed], vocab, hidden, length, motif=1).to(dev)
@@ -193,6 +189,11 @@ class LabPolicy(nn.Module):
     and by `lagged_log_ratios` (chapters 1 and 6).
 
     Shapes: prompt [R, B, motif], response [R, B, T] → logits [R, B, T, vocab].
+
+    Its `sample(prompt, length, generators)` and `log_probs(response, prompt)` differ from
+    TinyPolicy's on purpose: every run draws from its own generator (so run r samples the same
+    tokens alone or batched) and every response has a prompt (the task's motif), where the GRU
+    demo policy of Part I samples one batch from one generator after a start marker.
     """
 
     def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0):

@@ -26,9 +26,10 @@ import torch
 from . import _numerics as nx
 
 ESTIMATORS = ("k1", "k2", "k3", "k3+")
+#: The KL term's ratio corrections (not rlgates.offpolicy.CORRECTIONS, the importance weights).
 #: None: no correction. "ratio": multiply by ρ = π_θ/π_old with its gradient (TRL's
 #: use_bias_correction_kl; DeepSeek-V3.2, arXiv:2512.02556). "ratio-sg": by sg(ρ), value only.
-CORRECTIONS = (None, "ratio", "ratio-sg")
+KL_CORRECTIONS = (None, "ratio", "ratio-sg")
 
 
 def _beta(beta):
@@ -112,8 +113,8 @@ def kl_loss(logp, logp_ref, mask=None, beta=0.04, estimator="k3", agg="token-mea
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     _same_shape(logp_ref, "logp_ref", logp)
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if correction not in KL_CORRECTIONS:
+        raise ValueError(f"correction must be one of {KL_CORRECTIONS}, got {correction!r}")
     if correction is not None and logp_old is None:
         raise ValueError(f"logp_old is required with correction={correction!r}")
     if logp_old is not None:
@@ -176,8 +177,8 @@ def kl_expectation(logits, logits_ref, estimator="k3", logits_old=None, correcti
     _estimator(estimator)
     _logits(logits, "logits")
     _same_shape(_logits(logits_ref, "logits_ref"), "logits_ref", logits, "logits")
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if correction not in KL_CORRECTIONS:
+        raise ValueError(f"correction must be one of {KL_CORRECTIONS}, got {correction!r}")
     if logits_old is not None:
         _same_shape(_logits(logits_old, "logits_old"), "logits_old", logits, "logits")
     elif correction is not None:
@@ -217,8 +218,9 @@ def entropy_grad(logits):
 def entropy_bonus(logits, mask=None, beta=0.01, agg="token-mean"):
     """−β · aggregate(H_t): the entropy bonus as a loss term, H_t from the full distribution.
 
-    logits: [B, T, V]; mask: [B, T]. This is what verl (entropy_coeff) and TRL (entropy_coef)
-    compute. Its gradient never meets the gate: it does not depend on ρ or A. (The sampled-token
+    logits: [B, T, V]; mask: [B, T]. This is what verl (entropy_coeff, aggregated with the
+    actor's loss_agg_mode) and TRL (entropy_coef, always the token mean) compute. Its gradient
+    never meets the gate: it does not depend on ρ or A. (The sampled-token
     estimate −log π(y_t) is unbiased for H's value, but used as a loss its expected gradient is
     E_π[−∇log π] = 0, like k1's.)
     """

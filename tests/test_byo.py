@@ -92,11 +92,22 @@ def test_byo_is_usable_by_the_figures():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     smooth = byo.make(lambda r, a, w=0.5: torch.where(a > 0, r, r) * 1.0, "id", w=0.5)
-    plt.close(rlgates.plot_gate_signal(smooth))
-    plt.close(byo.plot_profiles(smooth, "ppo", "cispo"))
+    fig = rlgates.plot_gate_signal(smooth, n=21)
+    gate = np.asarray(fig.axes[0].images[0].get_array())  # sign(A)·f': f = ρ has f' = 1
+    assert np.allclose(np.abs(gate[:, np.abs(np.linspace(-1, 1, 21)) > 0]), 1.0)
+    plt.close(fig)
+    fig = byo.plot_profiles(smooth, "ppo", "cispo")
+    labels = " ".join(line.get_label() for ax in fig.axes for line in ax.get_lines())
+    assert all(name in labels for name in ("id", "PPO", "CISPO")), labels
+    plt.close(fig)
     panels = rlgates.GatePanels(smooth, n=21)
+    shown = np.asarray(panels._images[0].get_array()).copy()
     panels.update(rlgates.get("dual_clip"))
+    assert panels.method.name == "dual_clip"
+    assert not np.allclose(shown, np.asarray(panels._images[0].get_array()))  # redrawn
+    plt.close(panels.fig)
     panels.close()
 

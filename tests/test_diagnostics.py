@@ -2,10 +2,11 @@
 
 import math
 
+import pytest
 import torch
 
 import rlgates
-from rlgates import diagnostics
+from rlgates import diagnostics, trainers
 from tests.conftest import make_batch
 
 
@@ -83,7 +84,7 @@ def test_kl_entropy_and_absmax():
     logp, logp_old, adv, mask = _batch(seed=3)
     V = 7
     logits = torch.zeros(*logp.shape, V, dtype=torch.float64)
-    ent = diagnostics.token_entropy(logits)
+    ent = rlgates.regularisers.entropy(logits)
     assert torch.allclose(ent, torch.full_like(ent, math.log(V)))
     s = diagnostics.as_floats(diagnostics.step_stats(rlgates.get("ppo"), logp, logp_old, adv,
                                                      mask, entropy=ent))
@@ -111,16 +112,106 @@ def test_sequence_level_uses_the_sequence_ratio():
 def test_leading_runs_dimension_is_per_run():
     runs = [_batch(seed=10 + r) for r in range(3)]
     stack = [torch.stack([b[i] for b in runs]) for i in range(4)]
-    ent = torch.rand(stack[0].shape, generator=torch.Generator().manual_seed(0),
-                     dtype=torch.float64)
-    for name in ("ppo", "gspo", "sao"):
+    g = torch.Generator().manual_seed(0)
+    ent = torch.rand(stack[0].shape, generator=g, dtype=torch.float64)
+    isw = torch.rand(stack[0].shape, generator=g, dtype=torch.float64) + 0.5
+    rewards = (torch.rand(3, 16, generator=g) < 0.5).float()
+    rewards[0, :4] = 1.0  # a solved group, so that every share has something to count
+    for name, agg in (("ppo", "token-mean"), ("gspo", "seq-mean-token-mean"), ("sao", None)):
         m = rlgates.get(name)
-        batched = diagnostics.step_stats(m, *stack, entropy=ent)
+        kw = {"agg": agg, "is_weight": isw, "rewards": rewards, "group": 4}
+        batched = diagnostics.step_stats(m, *stack, entropy=ent, **kw)
+        assert tuple(batched) == diagnostics.keys()
         for r, b in enumerate(runs):
-            one = diagnostics.step_stats(m, *b, entropy=ent[r])
-            for k in diagnostics.KEYS:
+            kw_r = {**kw, "is_weight": isw[r], "rewards": rewards[r]}
+            one = diagnostics.step_stats(m, *b, entropy=ent[r], **kw_r)
+            for k in diagnostics.keys():
                 assert batched[k].shape == (3,)
+                assert not batched[k].isnan().any(), (name, k)
                 assert torch.allclose(batched[k][r], one[k], atol=1e-12), (name, k)
+
+
+def test_missing_inputs_are_nan_and_skipped_by_the_adapters():
+    logp, logp_old, adv, mask = _batch(seed=5)
+    s = diagnostics.step_stats(rlgates.get("ppo"), logp, logp_old, adv, mask)
+    assert all(math.isnan(float(s[k])) for k in ("entropy", "reward", "frac_reward_zero_std"))
+    assert float(s["is_weight_mean"]) == 1.0  # no weight: weight 1
+    stats = trainers.gate_stats(rlgates.get("ppo"), logp, logp_old, adv, mask)
+    assert set(stats) == set(diagnostics.keys(logged=True)) == {"gate_mean", "gate_zero"}
+
+    class NoGate:  # an object with only a loss: every gate diagnostic is NaN, the rest are not
+        def loss(self, logp, logp_old, adv, mask=None, agg="token-mean"):
+            return -rlgates.aggregate(logp * adv[:, None], mask, agg)
+
+    s = diagnostics.step_stats(NoGate(), logp, logp_old, adv, mask)
+    assert math.isnan(float(s["gate_mean"])) and math.isnan(float(s["pg_clipfrac"]))
+    assert math.isfinite(float(s["loss"])) and math.isfinite(float(s["ppo_kl"]))
+
+
+def test_gate_zero_and_gate_mean_over_the_tokens_with_a_signal():
+    logp, logp_old, adv, mask = _batch(seed=6, scale=1.0)
+    adv[:3] = 0.0  # responses with no signal: left out of both
+    m = rlgates.get("dual_clip")
+    s = diagnostics.as_floats(diagnostics.step_stats(m, logp, logp_old, adv, mask))
+    a = adv[:, None].expand_as(logp)
+    live = mask & (a != 0)
+    gate = m.gate(torch.exp(logp - logp_old), a)
+    assert math.isclose(s["gate_zero"], float(((gate == 0) & live).sum() / live.sum()))
+    assert math.isclose(s["gate_mean"], float(gate[live].mean()), rel_tol=1e-12)
+    assert 0 < s["gate_zero"] < 1
+    assert s["gate_zero"] != float(((gate == 0) & mask).sum() / mask.sum())  # A = 0 counted
+
+
+def test_the_trainer_names_are_the_trainers_own():
+    """Every verl or TRL name in the registry is a metric key the installed trainer writes."""
+    import importlib.util
+    from pathlib import Path
+
+    def source(module):
+        return Path(importlib.util.find_spec(module).origin).read_text()
+
+    trl = source("trl.trainer.grpo_trainer")
+    verl = source("verl.trainer.ppo.core_algos") + source("verl.trainer.ppo.metric_utils")
+    named = [(d.trl, trl) for d in diagnostics.REGISTRY.values() if d.trl]
+    named += [(d.verl, verl) for d in diagnostics.REGISTRY.values() if d.verl]
+    assert len(named) >= 10
+    for name, text in named:
+        assert f'"{name}"' in text, name
+    assert '"clip_ratio/made_up"' not in trl  # the negative control
+
+
+def test_a_registered_diagnostic_reaches_the_lab_the_tables_and_the_trainer_logs():
+    """Adding a diagnostic is one place: register it, and the lab's results, its metric table,
+    the lab's summary tables, diagnostics.table() and both adapters' logs carry it."""
+    from rlgates import lab
+
+    @diagnostics.register("shut_pos_share", "share of the real tokens with A > 0 and gate 0",
+                          trl="shut_made_up")
+    def shut_pos_share(b):
+        return diagnostics.share(b.shut & b.pos, b.mask)
+
+    try:
+        cfg = lab.LabConfig.for_device("cpu", prompts=4, group=4, length=6, steps=2)
+        runs = lab.run_many(["dapo"], seeds=[0, 1], config=cfg)
+        values = runs["dapo"][0].metrics["shut_pos_share"]
+        assert len(values) == 2 and all(0 <= v <= 1 for v in values)
+        assert "shut_pos_share" in lab.metric_doc()
+        assert "| `shut_pos_share` | share of the real tokens" in diagnostics.table()
+        assert "shut_pos_share" in lab.summary_table(runs, keys=("reward", "shut_pos_share"))
+        logp, logp_old, adv, mask = _batch(seed=7, scale=1.0)
+        m = rlgates.get("dapo")
+        logged = trainers.gate_stats(m, logp, logp_old, adv, mask)
+        want = float(((m.gate(torch.exp(logp - logp_old), adv[:, None]) == 0)
+                      & mask & (adv[:, None] > 0)).sum() / mask.sum())
+        assert want > 0 and math.isclose(logged["shut_pos_share"], want, rel_tol=1e-12)
+        from rlgates.trainers import verl as rv
+        verl_logged = rv.metrics(m, logp, logp_old, adv[:, None].expand_as(logp), mask)
+        assert verl_logged["actor/rlgates_shut_pos_share"] == logged["shut_pos_share"]
+    finally:
+        diagnostics.unregister("shut_pos_share")
+    assert "shut_pos_share" not in trainers.gate_stats(m, logp, logp_old, adv, mask)
+    with pytest.raises(ValueError, match="already registered"):
+        diagnostics.register("ppo_kl", "twice")(lambda b: None)
 
 
 def test_group_stats_matches_trl_and_splits_solved_from_stuck():

@@ -1,6 +1,5 @@
 """Bad input gives clear errors; extreme and low-precision input keeps sane numbers."""
 
-import importlib
 
 import pytest
 import torch
@@ -164,9 +163,8 @@ def test_gradients_flow_into_logp_only(name):
 def _mask_callers():
     """(label, fn(mask)) for every public function that takes a mask, on a [3, 4] batch (the lab's
     on [2, 3, 4]); each calls its function with everything else valid."""
-    from rlgates import diagnostics, offpolicy, regularisers, trainers
+    from rlgates import diagnostics, lab, offpolicy, regularisers, trainers
     from rlgates.check import check_gradient
-    lab_train = importlib.import_module("rlgates.lab.train")  # the module (lab.train: a function)
 
     logp, logp_old, adv, _ = make_batch(B=3, T=4, dtype=torch.float32)
     lp3, lo3, a3 = (torch.stack([x, x]) for x in (logp, logp_old, adv))
@@ -188,9 +186,7 @@ def _mask_callers():
         "diagnostics.step_stats": lambda mk: diagnostics.step_stats(m, logp, logp_old, adv, mk),
         "trainers.loss": lambda mk: trainers.loss(m, logp, logp_old, adv, mk, norm=10),
         "trainers.gate_stats": lambda mk: trainers.gate_stats(m, logp, logp_old, adv, mk),
-        "lab.per_run_loss": lambda mk: lab_train.per_run_loss(
-            m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
-        "lab.summed_loss": lambda mk: lab_train.summed_loss(
+        "lab.summed_loss": lambda mk: lab.summed_loss(
             m, lp3, lo3, a3, None if mk is None else torch.stack([mk, mk]), "token-mean"),
         "offpolicy.Correction.weight": lambda mk: offpolicy.Correction("tis").weight(
             logp, logp_old, mk),
@@ -244,3 +240,19 @@ def test_every_mask_taker_accepts_a_float_01_mask_as_its_bool(caller):
                        if isinstance(t, torch.Tensor)])
     for a, b in zip(flat(got), flat(want), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=0, equal_nan=True), caller
+
+
+def test_ragged_mask_is_the_first_lengths_tokens():
+    lengths = torch.tensor([3, 0, 5, 1])
+    mask = rlgates.ragged_mask(lengths, 5)
+    # written out by hand, row by row
+    assert mask.tolist() == [[True] * 3 + [False] * 2, [False] * 5, [True] * 5,
+                             [True] + [False] * 4]
+    assert mask.dtype == torch.bool and mask.sum(1).tolist() == lengths.tolist()
+    assert torch.equal(rlgates.ragged_mask([3, 0, 5, 1]), mask)  # T: the longest length
+    assert rlgates.ragged_mask(lengths, 7).shape == (4, 7)
+    # negative control: equal lengths give a full mask, so the ragged one above is not vacuous
+    assert rlgates.ragged_mask([5, 5, 5, 5], 5).all() and not mask.all()
+    for bad in ([-1, 2], [2, 6], [[1, 2]], [1.0, 2.0]):
+        with pytest.raises(ValueError, match="lengths"):
+            rlgates.ragged_mask(bad, 5)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rlgates
-from rlgates import lab
+from rlgates import diagnostics, lab
 
 TINY = lab.LabConfig.for_device("cpu", prompts=4, group=4, length=6, steps=3)
 
@@ -42,7 +42,7 @@ def test_run_r_of_the_batch_equals_run_r_alone(name, lag, anchor):
     for r, seed in enumerate(seeds):
         alone = lab.train(name, cfg, seeds=[seed], lag=lag, progress=False)[0]
         assert batched[r].seed == seed
-        for key in lab.METRIC_KEYS:
+        for key in lab.metric_doc():
             a, b = torch.tensor(batched[r].metrics[key]), torch.tensor(alone.metrics[key])
             assert torch.allclose(a, b, atol=1e-9, rtol=1e-7, equal_nan=True), (key, r)
     # the runs differ from each other, and the clip was active (norms above 0.05)
@@ -78,20 +78,36 @@ def test_per_run_grad_clip_and_summed_loss_per_run():
         expect = sum(Weighted().loss(logp[r], old[r], adv[r], mask[r], agg, isw[r])
                      for r in range(R))
         assert torch.allclose(total, expect, atol=1e-12), agg
-    for name in ("ppo", "gspo", "cispo", "sapo"):  # the metric's one-pass per-run loss
+    for name in ("ppo", "gspo", "cispo", "sapo"):  # the loss metric: each run's own m.loss
         m = rlgates.get(name)
         for agg in rlgates.AGG_MODES:
             for w in (None, isw):
-                got = lab.train_module.per_run_loss(m, logp, old, adv, mask, agg, w)
+                got = diagnostics.step_stats(m, logp, old, adv, mask, agg=agg, is_weight=w,
+                                             keys=("loss",))["loss"]
                 kw = [{} if w is None else {"is_weight": w[r]} for r in range(R)]
                 want = torch.stack([m.loss(logp[r], old[r], adv[r], mask[r], agg, **kw[r])
                                     for r in range(R)])
                 assert torch.allclose(got, want.detach(), atol=1e-12), (name, agg)
     p = torch.nn.Parameter(torch.zeros(2, 3))
     p.grad = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
-    norm = lab.train_module._clip_grad_norm_per_run([p], 1.0)
+    norm = lab.loop._clip_grad_norm_per_run([p], 1.0)
     assert torch.allclose(norm, torch.tensor([5.0, 0.5]))
     assert torch.allclose(p.grad, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]), atol=1e-5)
+
+
+def test_rollout_scores_with_the_task_and_is_per_run():
+    """lab.rollout (the loop's ROLLOUT, and chapter 10's): the task's reward, zero-mean group
+    advantages, and run r's batch the same whether it is drawn alone or with other runs."""
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    both = lab.rollout(TINY, TINY.policy([3, 4]), gens)
+    assert both.tokens.shape == (2, TINY.batch, TINY.length) and both.adv.shape == (2, TINY.batch)
+    assert torch.equal(both.rewards, TINY.task().reward(both.prompts, both.tokens))
+    assert both.adv.view(2, -1, TINY.group).sum(-1).abs().max() < 1e-5
+    assert both.adv.abs().max() > 0  # not all groups flat
+    alone = lab.rollout(TINY, TINY.policy([4]), [torch.Generator().manual_seed(4)])
+    for a, b in zip(alone, both, strict=True):
+        assert torch.equal(a[0], b[1])
+    assert not torch.equal(both.tokens[0], both.tokens[1])  # the runs differ
 
 
 def test_lag_zero_gives_ratio_one_on_each_first_update():
@@ -139,7 +155,7 @@ def test_rollouts_come_from_the_policy_lag_updates_old(lag):
 
 def test_metrics_have_the_right_keys_and_finite_values():
     res = lab.train("grpo", TINY, seeds=[0], lag=1, progress=False)[0]
-    assert tuple(res.metrics) == lab.METRIC_KEYS
+    assert tuple(res.metrics) == tuple(lab.metric_doc())
     for key, values in res.metrics.items():
         assert len(values) == TINY.steps, key
         assert all(math.isfinite(v) for v in values), key
@@ -211,6 +227,14 @@ def test_interval_and_verdict_words():
     assert lab.verdict({"lo": 0.1, "hi": 0.3}) == "higher"
     assert lab.verdict({"lo": -0.3, "hi": -0.1}) == "lower"
     assert lab.verdict({"lo": -0.1, "hi": 0.3}) == "no difference detected"
+    assert iv["half"] == pytest.approx(iv["hi"] - iv["mean"]) and iv["half"] > 0
+    assert lab.format_interval(iv) == lab.format_interval([1.0, 2.0, 3.0, 4.0])
+    assert lab.format_interval(iv, ".2f") == f"2.50 [{iv['lo']:.2f}, {iv['hi']:.2f}]"
+    # a ratio's null is 1: the same interval above 0 is "no difference" against 1
+    ratio = {"lo": 0.9, "hi": 1.3}
+    assert lab.verdict(ratio) == "higher" and lab.verdict(ratio, null=1.0) == (
+        "no difference detected")
+    assert lab.verdict({"lo": 1.1, "hi": 1.3}, null=1.0) == "higher"
 
 
 def test_reward_on_hand_made_sequences():
@@ -277,12 +301,6 @@ def test_lagged_log_ratios_run_on_the_lab_policy():
     assert out[0][0].abs().max() < 1e-5  # lag 0: float rounding, not drift
     spread = [out[k][0].std().item() for k in (0, 2, 6)]
     assert spread[0] < 1e-5 < spread[1] < spread[2]
-    explicit = rlgates.lagged_log_ratios(lags=(0, 2, 6), vocab=16, hidden=16, prompts=4,
-                                         group=4, length=6, lr=1e-2, family="lab")
-    assert all(torch.equal(out[k][0], explicit[k][0]) for k in out)  # "lab" is the default
-    for family in ("gru", "mlp"):
-        with pytest.raises(ValueError, match="family"):
-            rlgates.lagged_log_ratios(lags=(0,), family=family)
 
 
 def test_a_single_run_takes_unbatched_tensors():
@@ -297,15 +315,18 @@ def test_a_single_run_takes_unbatched_tensors():
         two.log_probs(tokens, prompts)
 
 
-def test_single_seed_compatibility_and_recomputed_anchor():
-    """train(seed=s) returns one LabResult; recompute_old anchors at π_prox with no weight;
-    a single run's hook sees [B, ...] tensors."""
+def test_a_single_run_hook_and_the_unweighted_proximal_anchor():
+    """A single run's hook sees [B, ...] tensors; anchor="proximal" with correction=Unweighted()
+    takes the ratio against π_prox with no behaviour weight."""
     seen = []
-    res = lab.train("ppo", TINY.replace(recompute_old=True), seed=2, lag=2, progress=False,
-                    hook=lambda e, i: seen.append(i) if e == "rollout" else None)
-    assert isinstance(res, lab.LabResult) and res.seed == 2
-    assert res.metrics["is_weight_mean"] == [1.0] * TINY.steps  # no lab weight
-    assert max(res.metrics["log_ratio_absmax"]) < 1.0 and seen[0]["tokens"].dim() == 2
-    assert torch.equal(seen[0]["logp_rollout"], seen[0]["logp_behaviour"])
-    assert all(0 <= v <= 1 for v in res.metrics["gated"])
+    one = TINY.replace(minibatches=1)  # one update per step: it sees the step's start policy
+    cfg = one.replace(anchor="proximal", correction=rlgates.offpolicy.Unweighted())
+    res = lab.train("ppo", cfg, seeds=[2], lag=2, progress=False,
+                    hook=lambda e, i: seen.append(i) if e == "rollout" else None)[0]
+    assert res.seed == 2 and seen[0]["tokens"].dim() == 2
+    assert res.metrics["is_weight_mean"] == [1.0] * TINY.steps  # no behaviour weight
+    assert max(res.metrics["log_ratio_absmax"]) < 1e-5  # ρ against π_prox: 1 at each step start
+    behaviour = lab.train("ppo", one, seeds=[2], lag=2, progress=False)[0]
+    assert max(behaviour.metrics["log_ratio_absmax"][1:]) > 1e-4  # the negative control
+    assert all(0 <= v <= 1 for v in res.metrics["gate_zero"])
     assert all(math.isfinite(v) for v in res.metrics["loss"])

@@ -12,7 +12,7 @@ from tests.conftest import METHODS  # noqa: E402
 
 
 def test_plane_grid_matches_the_elementwise_functions(name):
-    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim_=0.5, n=41)
+    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim=0.5, n=41)
     assert p.gate.shape == p.signal.shape == (41, 41)
     assert p.adv[0] == -2.0 and p.log_ratio[-1] == 0.5
     ratio = np.exp(p.log_ratio)[:, None]
@@ -20,7 +20,7 @@ def test_plane_grid_matches_the_elementwise_functions(name):
 
 
 def test_ppo_plane_has_its_four_regions():
-    p = rlgates.plane("ppo", log_ratio_lim_=0.6, n=61)
+    p = rlgates.plane("ppo", log_ratio_lim=0.6, n=61)
     A, lr = np.meshgrid(p.adv, p.log_ratio)
     assert (p.signal[(A > 0) & (lr < np.log(1.2) - 1e-9)] > 0).all()  # encourage
     assert (p.signal[(A < 0) & (lr > np.log(0.8) + 1e-9)] < 0).all()  # discourage
@@ -132,3 +132,49 @@ def test_conventions_tables_have_one_cell_per_column():
         assert f"`{name}`" in rlgates.defaults_table()
     for mode in rlgates.AGG_MODES:
         assert f"`{mode}`" in rlgates.aggregation_table()
+
+
+def test_markdown_table_escapes_pipes_and_checks_widths():
+    import re
+
+    from rlgates import tables
+
+    md = tables.markdown([("`ppo`", "$|A|$ > 0", 3), ("x", "", 0.5)], ("a", "b", "c"))
+    lines = md.splitlines()
+    assert lines[0] == "| a | b | c |" and lines[1] == "| --- | --- | --- |"
+    assert lines[2] == "| `ppo` | $\\|A\\|$ > 0 | 3 |"
+    assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {4}
+    with pytest.raises(ValueError, match="2 cells"):
+        tables.markdown([("only", "two")], ("a", "b", "c"))
+
+
+def test_markdown_table_formats_numbers_and_escapes_once():
+    md = rlgates.tables.markdown([(1, "x | y"), (0.12345, r"already \| escaped")], ["a", "b|c"],
+                                 fmt=".2f")
+    assert md.splitlines() == ["| a | b\\|c |", "| --- | --- |", "| 1.00 | x \\| y |",
+                               "| 0.12 | already \\| escaped |"]
+    assert rlgates.tables.markdown([(3, True)], ["n", "flag"]).splitlines()[2] == "| 3 | True |"
+    # negative control: a row with a missing cell is refused, not silently shifted
+    with pytest.raises(ValueError, match="row 1 has 1 cells"):
+        rlgates.tables.markdown([(1, 2), (3,)], ["a", "b"])
+
+
+def test_readme_method_table_is_generated_from_the_registry():
+    """README.md's method table is scripts/readme_methods.py's output: one row per registered
+    method, in `names()` order; a stale README fails here."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import readme_methods
+
+    text = (root / "README.md").read_text(encoding="utf-8")
+    assert readme_methods.generated(text) == text, "run python scripts/readme_methods.py"
+    table = rlgates.tables.methods_table().splitlines()
+    assert [row.split(" | ")[0].strip("| `") for row in table[2:]] == METHODS
+    for name in METHODS:
+        assert rlgates.get(name).gate_text in text
+    # negative control: a README whose table lost a row is not the generated one
+    stale = text.replace(table[-1] + "\n", "")
+    assert stale != text and readme_methods.generated(stale) == text

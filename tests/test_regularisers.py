@@ -181,7 +181,7 @@ def test_samples_from_pi_old_and_the_importance_correction(seed):
 
 # --- the KL loss term ----------------------------------------------------------------------------
 @pytest.mark.parametrize("estimator", R.ESTIMATORS)
-@pytest.mark.parametrize("correction", R.CORRECTIONS)
+@pytest.mark.parametrize("correction", R.KL_CORRECTIONS)
 def test_kl_loss_value_and_gradient_closed_form(estimator, correction, agg):
     logp, logp_old, logp_ref, _, mask = batch_ref(seed=3)
     beta = 0.04

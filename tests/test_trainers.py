@@ -649,3 +649,73 @@ def test_trl_conventions_that_differ(probe_model):
     _, g4 = trl_grad(probe_model, logp, old, adv, mask, loss_type="cispo", epsilon_high=4.0)
     torch.testing.assert_close(g5, ours, rtol=1e-12, atol=1e-14)
     assert float((g4 - ours).abs().max()) > 0.1
+
+
+# --- TRL's metrics, per loss ----------------------------------------------------------------------
+TRL_METRIC_CASES = {  # name -> (method, the TRL metric names its built-in logs besides entropy)
+    "dapo": (rlgates.get("dapo", eps_low=0.2, eps_high=0.28), "clip"),
+    "grpo": (rlgates.get("grpo"), "clip"),
+    "dual_clip": (rlgates.get("dual_clip", eps=0.2, c=1.1), "clip"),  # δ < 1 + ε: TRL caps first
+    "gspo": (rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4), "clip"),  # sequence level
+    "cispo": (rlgates.get("cispo", eps_high=0.2), "cispo"),
+    "sapo": (rlgates.get("sapo"), "sapo"),
+}
+CLIP_KEYS = {"clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+             "clip_ratio/low_min", "clip_ratio/high_max"}
+
+
+def trl_metric_batches():
+    """metrics_batch in float32 (TRL's dtype), with per-token entropies: two micro-batches, ragged
+    rows (one empty), A = 0 rows, tokens past both clip bounds and past log ρ = 20."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for logp, old, adv, mask in metrics_batch():
+        ent = torch.rand(logp.shape, generator=g, dtype=torch.float64) * 2
+        out.append((logp.float(), old.float(), adv[:, 0].float(), mask, ent.float()))
+    return out
+
+
+def same(a, b):
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("case", list(TRL_METRIC_CASES))
+def test_trl_metrics_are_trls_own(probe_model, case):
+    m, family = TRL_METRIC_CASES[case]
+    t = make_trainer(GRPOTrainer, probe_model, config(**rt.flags(m)["trl"]))
+    batches = trl_metric_batches()
+    counts = [int(b[3].sum()) for b in batches]
+    assert len(batches) == 2 and counts[0] != counts[1]
+    regions, old_zero = [], []
+    for logp, old, adv, mask, ent in batches:
+        t._metrics["train"].clear()
+        rtrl.builtin_loss(t, logp, old, adv, mask, num_items_in_batch=sum(counts), entropy=ent)
+        ref = {k: v[-1] for k, v in t._metrics["train"].items()}
+        ours = rtrl.metrics(m, logp, old, adv, mask, ent, t.accelerator)
+        expected = {"entropy"} | {"clip": CLIP_KEYS, "cispo": {"cispo_clip_ratio"},
+                                  "sapo": set()}[family]
+        assert set(ref) == expected
+        assert set(ours) == expected | {"rlgates/gate_mean", "rlgates/gate_zero"}
+        for k, v in ref.items():
+            assert same(ours[k], v), (k, ours[k], v)  # TRL's definition, exactly
+        regions.append(ref.get("clip_ratio/region_mean", ref.get("cispo_clip_ratio")))
+        old_zero.append(ours["rlgates/gate_zero"])  # what the adapter logged before
+    if family == "sapo":
+        assert not any(k.startswith("clip") for k in ref)
+        return
+    # not vacuous: tokens clipped and not; the old number (gate_zero) is not TRL's
+    assert all(r < 1 for r in regions) and any(r > 0 for r in regions), regions
+    assert any(abs(z - r) > 1e-3 for z, r in zip(old_zero, regions, strict=True))
+    if case == "dual_clip":  # TRL counts a ratio capped at δ = 1.1 < 1 + ε as not clipped high
+        assert ref["clip_ratio/high_mean"] == 0.0
+        m2 = rlgates.get("dual_clip", eps=0.2, c=3.0)
+        assert rtrl.metrics(m2, *batches[1][:4])["clip_ratio/high_mean"] > 0
+
+
+def test_trl_metrics_without_a_builtin_are_rlgates_own(probe_model):
+    for m in (rlgates.get("sao"), rlgates.get("reinforce"), byo_soft(),
+              rlgates.get("cispo", eps_low=0.2)):
+        assert rt.flags(m)["trl"] is None
+        logp, old, adv, mask, ent = trl_metric_batches()[0]
+        assert set(rtrl.metrics(m, logp, old, adv, mask, ent)) == {
+            "entropy", "rlgates/gate_mean", "rlgates/gate_zero"}

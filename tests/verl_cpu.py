@@ -1,6 +1,6 @@
 """verl 0.9.1's FSDP TrainingWorker on a CPU: the workarounds, each with the verl line it answers.
 
-For tests/test_verl_engine.py only (run in a subprocess). Not part of rlgates: verl supports
+For tests/engines (verl_runs.py) only (run in a subprocess). Not part of rlgates: verl supports
 CUDA and NPU; this makes its single-process FSDP engine run on gloo with a tiny model. The TRL
 shim (rlgates.trainers._verl_compat) is separate and applied by the caller.
 """
@@ -59,9 +59,10 @@ def setup() -> None:
 
     # verl/utils/distributed.py ~89 (initialize_global_process_group_ray, called by TrainingWorker
     # .__init__): the backend is hard-coded "cpu:gloo,<device>:nccl"; a group that is already
-    # initialised is kept, so we start a gloo-only one first.
+    # initialised is kept, so we start a gloo-only one first (rank and size from the environment,
+    # as torchrun or Ray set them).
     if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.init_process_group("gloo")
 
     # verl/plugin/platform/platform_manager.py (_detect_platform_name): no CPU platform; without an
     # accelerator it falls back to "nvidia" and torch.cuda.set_device fails in init_device_mesh
@@ -133,7 +134,7 @@ def tiny_model_dir(path: str, vocab: int = 33, seed: int = 0) -> str:
     return path
 
 
-def worker(path: str):
+def worker(path: str, lr: float = 1e-3, clip_grad: float = 1.0):
     """verl's TrainingWorker (FSDP, language model) on the CPU for the model saved at `path`."""
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.config.engine import TrainingWorkerConfig
@@ -152,38 +153,7 @@ def worker(path: str):
     # token budget; fixed micro-batches of 2 instead (the actor worker sets these from its config).
     ec.use_dynamic_bsz = False
     ec.micro_batch_size_per_gpu = 2
-    oc = FSDPOptimizerConfig(lr=1e-3)
+    oc = FSDPOptimizerConfig(lr=lr, clip_grad=clip_grad)
     return TrainingWorker(TrainingWorkerConfig(model_type="language_model", model_config=mc,
                                                engine_config=ec, optimizer_config=oc))
 
-
-def ppo_batch(batch: int = 4, prompt: int = 3, response: int = 4, vocab: int = 33, seed: int = 0):
-    """A left-right padded rollout batch (verl's DataProto layout) as verl's trainer hands it on.
-
-    verl/trainer/ppo/ray_trainer.py ~1333 (_update_actor): to_tensordict, left_right_2_no_padding,
-    then the mini-batch settings as non-tensor data.
-    """
-    from tensordict import TensorDict
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    g = torch.Generator().manual_seed(seed)
-    n = prompt + response
-    input_ids = torch.randint(3, vocab - 1, (batch, n), generator=g)
-    attention_mask = torch.ones(batch, n, dtype=torch.long)
-    attention_mask[0, 0] = 0          # one left-padded prompt
-    attention_mask[1, -1] = 0         # one right-padded response
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    response_mask = attention_mask[:, prompt:].clone()
-    td = TensorDict({
-        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-        "prompts": input_ids[:, :prompt], "responses": input_ids[:, prompt:], "response_mask": response_mask,
-        "old_log_probs": -torch.rand(batch, response, generator=g) - 2.0,
-        "advantages": torch.randn(batch, 1, generator=g).expand(batch, response).clone(),
-    }, batch_size=[batch])
-    tu.assign_non_tensor_data(td, "temperature", 1.0)
-    td = left_right_2_no_padding(td)
-    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
-                         global_batch_size=batch, mini_batch_size=batch, epochs=1, seed=0,
-                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
-    return td

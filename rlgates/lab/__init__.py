@@ -7,17 +7,31 @@
     >>> many = lab.run_many(["ppo", "dapo"], seeds=range(10), config=cfg)
     >>> lab.paired_difference(many, "dapo", "ppo", "reward")  # mean and 95 % interval
 
-Three rooms: `task` (PatternTask, the environment), `train` (LabConfig, the one training loop,
-LabResult) and `report` (summaries over seeds, paired differences, verdicts and tables). The
-policy is rlgates.LabPolicy. (`lab.train` is the function; its module is `lab.train_module`.)
+Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
+training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts
+and tables). The policy is rlgates.LabPolicy. The metrics are every diagnostic registered in
+`rlgates.diagnostics` plus the lab's own (`lab.metric_doc()`).
 """
 
 from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
-from . import report, task
-from . import train as train_module
+from . import loop, report, task
+from .loop import (
+    LabConfig,
+    LabResult,
+    Rollout,
+    default_agg,
+    method_name,
+    metric_doc,
+    resolve,
+    rollout,
+    run_many,
+    summed_loss,
+    train,
+)
 from .report import (
     curves,
+    format_interval,
     interval,
     method_color,
     paired_difference,
@@ -27,22 +41,11 @@ from .report import (
     verdict,
 )
 from .task import PatternTask
-from .train import (
-    METRIC_DOC,
-    METRIC_KEYS,
-    LabConfig,
-    LabResult,
-    default_agg,
-    method_name,
-    resolve,
-    run_many,
-    summed_loss,
-    train,
-)
 
 __all__ = [
-    "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabPolicy", "LabResult", "PatternTask",
-    "curves", "default_agg", "interval", "method_color", "method_name", "paired_difference",
-    "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "run_many", "summary",
-    "summary_table", "summed_loss", "train", "verdict", "report", "task", "train_module",
+    "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
+    "format_interval", "interval", "method_color", "method_name", "metric_doc",
+    "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
+    "run_many", "summary",
+    "summary_table", "summed_loss", "train", "verdict", "loop", "report", "task",
 ]

@@ -31,6 +31,7 @@ import math
 import torch
 
 from .. import _numerics as nx
+from .. import diagnostics
 
 #: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
@@ -94,11 +95,11 @@ def flag_rows(names=None):
 def flag_table(names=None) -> str:
     """The flag table as Markdown: per method (at its defaults), the verl and TRL settings that
     make each trainer's built-in loss compute it, and the versions they were tested with."""
-    head = (f"| method | verl {TESTED_VERSIONS['verl']} | TRL {TESTED_VERSIONS['trl']} |\n"
-            "| --- | --- | --- |\n")
-    return head + "\n".join(
-        f"| `{n}` | {v.replace(', ', '; ')} | {t.replace(', ', '; ')} |"
-        for n, v, t in flag_rows(names))
+    from ..tables import markdown
+
+    head = ("method", f"verl {TESTED_VERSIONS['verl']}", f"TRL {TESTED_VERSIONS['trl']}")
+    return markdown(((f"`{n}`", v.replace(", ", "; "), t.replace(", ", "; "))
+                     for n, v, t in flag_rows(names)), head)
 
 
 def _local_count(mask, agg):
@@ -149,17 +150,14 @@ def _detached_inputs(logp, logp_old, adv, mask):
 
 
 def gate_stats(method, logp, logp_old, adv, mask):
-    """{"gate_mean": mean f', "gate_zero": share of tokens the gate shuts}, over the real tokens
-    with A ≠ 0 (at A = 0 there is no signal to gate), at the ratio the gate sees (its sequence's
-    for a sequence-level method; the library's clamped ratio). rlgates' own quantities, for a
-    trainer's logs: they are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
-    with torch.no_grad():
-        lp, old, a, m = _detached_inputs(logp, logp_old, adv, mask)
-        lr = nx.gate_log_ratio(lp, old, m, getattr(method, "level", "token"))
-        g = method.gate(nx.ratio_from_log(lr), a)
-        m = m & (a != 0)
-        n = m.sum().clamp(min=1)
-        return {"gate_mean": float((g * m).sum() / n), "gate_zero": float(((g == 0) & m).sum() / n)}
+    """rlgates' own diagnostics of one micro-batch, for a trainer's logs: {key: float} for every
+    key `rlgates.diagnostics` registers with log=True whose inputs a loss sees (`gate_mean`, the
+    mean f' over the real tokens with A ≠ 0, and `gate_zero`, the share of them the gate shuts,
+    at the ratio the gate sees). They are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
+    stats = diagnostics.step_stats(method, logp, logp_old, adv, mask,
+                                   keys=diagnostics.keys(logged=True), skip_missing=True)
+    return diagnostics.as_floats(stats)
 
 
-__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats", "loss"]
+__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
+           "loss"]

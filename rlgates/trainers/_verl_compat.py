@@ -1,4 +1,4 @@
-"""A shim so that verl 0.9.1 can build a model next to TRL 1.16.0 (tests/test_verl_engine.py).
+"""A shim so that verl 0.9.1 can build a model next to TRL 1.16.0 (tests/engines/test_verl_engine).
 
 The problem. verl imports TRL's value-head model on its model-building path:
 
@@ -22,9 +22,10 @@ saved as a token-classification model (verl's first choice) does not reach it.
 
 Explicit, never implicit: a plain `import rlgates` (or `import rlgates.trainers.verl`) applies
 nothing. Call `rlgates.trainers.verl.patch_environment()` in the process that builds verl's
-engine (on Ray, in the worker: e.g. the module you import for the reward), before the engine is
-built. `needed()` says whether TRL lacks the name; the test asserts it does, so the day a TRL or
-verl release fixes this, the test says to remove the shim.
+engine, before the engine is built: on Ray, in the module named by
+`actor_rollout_ref.model.external_lib`, which verl imports in the worker first (a custom reward
+is loaded by another Ray actor). `needed()` says whether TRL lacks the name; the test asserts it
+does, so the day a TRL or verl release fixes this, the test says to remove the shim.
 """
 
 from __future__ import annotations

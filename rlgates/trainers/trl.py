@@ -3,7 +3,7 @@
     from rlgates.trainers.trl import RlgatesGRPOTrainer
     trainer = RlgatesGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(
         loss_type="grpo", num_iterations=2, ...), train_dataset=..., method=rlgates.get("sapo"))
-    trainer.train()        # logs rlgates/gate_mean and rlgates/gate_zero beside TRL's metrics
+    trainer.train()        # logs TRL's clip_ratio/* and entropy, and rlgates/gate_*
 
 TRL stays the engine: it samples, scores, computes the advantages and the old log-probs, splits
 the batch and steps the optimiser. The subclass overrides the one public hook for this,
@@ -18,15 +18,27 @@ MoE aux loss and `loss_type` values outside `TRL_AGG` (all listed in `REFUSED`);
 raise in `compute_loss`. With TRL's default `num_iterations=1` (and no mini-batching) the old
 log-probs equal the current ones, ρ = 1 and no gate ever acts: use num_iterations ≥ 2 or
 steps_per_generation > gradient_accumulation_steps.
+
+Metrics. TRL's `_compute_loss` logs, per loss_type, its own clip metrics (`TRL_METRICS`: the
+clip_ratio/* family for grpo, bnpo, dr_grpo and dapo; cispo_clip_ratio for cispo; nothing for
+sapo) and, for every loss_type, `entropy`. A method with a TRL built-in
+(`rlgates.trainers.flags(m)["trl"]`) logs under those names exactly what that built-in logs on
+the same micro-batch, at the method's own ε (and δ), reduced over processes as TRL reduces
+them. A method without one (sao, reinforce, your own) logs no clip metric under TRL's names.
+`entropy` (the current policy's mean entropy over the completion tokens) does not depend on the
+loss, so every method logs it. Every method also logs rlgates' own `rlgates/gate_mean` and
+`rlgates/gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens, averaged over
+processes).
 """
 
 from __future__ import annotations
 
 import torch
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 from .. import _numerics as nx
-from . import gate_stats, loss
+from . import _detached_inputs, flags, gate_stats, loss
 
 #: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`). These are
 #: the types tests/test_trainers.py compares with TRL's own loss; luspo and vespo are not mapped.
@@ -96,13 +108,96 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
     return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length) / grad_accum
 
 
-def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None):
+class _Processes:
+    """TRL's two cross-process reductions of its metrics (an accelerate Accelerator, or None for
+    this process alone)."""
+
+    def __init__(self, accelerator=None):
+        self.acc = accelerator
+
+    def sum(self, t):
+        return t if self.acc is None else self.acc.reduce(t, reduction="sum")
+
+    def gather(self, t):
+        return t if self.acc is None else self.acc.gather(t)
+
+
+def _global_mean(x, m, procs):  # _compute_loss's global_masked_mean
+    if x.shape[1] == 1:  # sequence level: one value per row, every row counted (empty ones too)
+        local = torch.stack([x.sum(), torch.tensor(float(x.shape[0]), device=x.device)])
+    else:
+        local = torch.stack([(x * m).sum(), m.sum().float()])
+    total = procs.sum(local)
+    return (total[0] / total[1].clamp(min=1.0)).item()
+
+
+def _seq_mean(x, m):  # _compute_loss's masked_seq_mean: NaN for an empty row (nanmin skips it)
+    return x.squeeze(1) if x.shape[1] == 1 else (x * m).sum(-1) / m.sum(-1)
+
+
+def _clip(r, a, m, f, procs):  # grpo, bnpo, dr_grpo, dapo: "Compute the clipped probability ratios"
+    if f.get("delta") is not None:  # TRL caps coef_1 at delta before it counts
+        r = r.clamp(max=f["delta"])
+    low = ((r < 1 - f["epsilon"]) & (a < 0)).float()
+    high = ((r > 1 + f["epsilon_high"]) & (a > 0)).float()
+    region = ((low > 0) | (high > 0)).float()
+    return {"clip_ratio/low_mean": _global_mean(low, m, procs),
+            "clip_ratio/high_mean": _global_mean(high, m, procs),
+            "clip_ratio/region_mean": _global_mean(region, m, procs),
+            "clip_ratio/low_min": nanmin(procs.gather(_seq_mean(low, m))).item(),
+            "clip_ratio/high_max": nanmax(procs.gather(_seq_mean(high, m))).item()}
+
+
+def _cispo(r, a, m, f, procs):  # is_cispo_clipped: the cap reached, A > 0 only
+    return {"cispo_clip_ratio": _global_mean(((r > f["epsilon_high"]) & (a > 0)).float(), m,
+                                             procs)}
+
+
+def _sapo(r, a, m, f, procs):  # TRL's sapo logs no clip metric
+    return {}
+
+
+#: TRL loss_type -> (ρ as TRL's coef_1: [B, T], or [B, 1] at sequence level; A [B, 1]; mask;
+#: the method's TRL flags; the reductions) -> the clip metrics that loss_type logs (TRL 1.16.0,
+#: GRPOTrainer._compute_loss, "# Log the metrics").
+TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip,
+               "cispo": _cispo, "sapo": _sapo}
+
+
+def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -> dict:
+    """The adapter's metrics for one micro-batch, reduced over `accelerator`'s processes as TRL
+    reduces them: TRL's clip metrics where `method` has a TRL built-in (at the method's own
+    settings), TRL's `entropy` when the per-token entropies are given, rlgates' gate statistics
+    always."""
+    procs = _Processes(accelerator)
+    out = {}
+    f = flags(method)["trl"]
+    with torch.no_grad():
+        lp, old, _, m = _detached_inputs(logp, logp_old, adv, mask)
+        if f is not None:
+            if f.get("importance_sampling_level") == "sequence":
+                lr = nx.sequence_log_ratio(lp, old, m)[:, None]
+            else:
+                lr = nx.gate_log_ratio(lp, old, m)
+            a = adv.detach()
+            a = a[:, None] if a.dim() == 1 else a
+            out.update(TRL_METRICS[f["loss_type"]](nx.ratio_from_log(lr), a, m, f, procs))
+        if entropy is not None:
+            out["entropy"] = _global_mean(entropy.detach(), m, procs)
+        for k, v in gate_stats(method, logp, logp_old, adv, mask).items():
+            v = procs.gather(torch.tensor([v], device=logp.device)).mean().item()
+            out[f"rlgates/{k}"] = v
+    return out
+
+
+def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, entropy=None):
     """TRL's own policy loss (`GRPOTrainer._compute_loss`, with `trainer`'s settings) at the given
     log-probs, instead of the model's: a scalar differentiable in `logp`, so that TRL's gradient
     with respect to each token's log-prob can be read and compared (the book's chapter 14).
 
     logp, logp_old, mask: [B, T]; adv: [B]. num_items_in_batch: TRL's global token count (dapo,
-    cispo); None: this batch's tokens.
+    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs (zeros
+    if None). TRL's metrics for the batch are appended to `trainer._metrics`.
     """
     B, T = logp.shape
     mask = mask.long()
@@ -116,7 +211,7 @@ def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None):
     }
 
     def given(*args, **kwargs):  # stands in for the model's forward pass
-        return logp, torch.zeros_like(logp), None
+        return logp, torch.zeros_like(logp) if entropy is None else entropy, None
 
     if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by train()
         trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
@@ -160,8 +255,8 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         mask = completion_mask
         if "tool_mask" in inputs:
             mask = completion_mask * inputs["tool_mask"]
-        logp, _, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1))
+        logp, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # num_iterations=1: ρ ≡ 1
         adv = inputs["advantages"]
@@ -175,10 +270,10 @@ class RlgatesGRPOTrainer(GRPOTrainer):
             steps_per_generation=self.args.steps_per_generation if train else 1,
         )
         mode = "train" if train else "eval"
-        for k, v in gate_stats(self.method, logp, old, adv, mask).items():
-            v = self.accelerator.gather(torch.tensor([v], device=logp.device)).mean().item()
-            self._metrics[mode][f"rlgates/{k}"].append(v)
+        for k, v in metrics(self.method, logp, old, adv, mask, entropy, self.accelerator).items():
+            self._metrics[mode][k].append(v)
         return out.to(logp.dtype)
 
 
-__all__ = ["REFUSED", "TRL_AGG", "RlgatesGRPOTrainer", "builtin_loss", "trl_loss"]
+__all__ = ["REFUSED", "TRL_AGG", "TRL_METRICS", "RlgatesGRPOTrainer", "builtin_loss", "metrics",
+           "trl_loss"]

@@ -3,6 +3,7 @@
     # my_losses.py: a module of yours, importable in every worker
     import rlgates
     from rlgates.trainers import verl as rv
+    rv.patch_environment()                    # verl 0.9.1 next to TRL 1.16 (see the end)
     rv.register(rlgates.get("sapo"))          # -> "rlgates_sapo"
 
     # then run verl with
@@ -36,7 +37,8 @@ actor/ppo_kl in their own way (`VERL_METRICS`). A method with a built-in of the 
 logs under those names exactly what that built-in logs on the same micro-batch, at the method's
 own clip settings. A method without one (sao, reinforce, your own) logs nothing under verl's
 names. Every method also logs rlgates' own `actor/rlgates_gate_mean` and
-`actor/rlgates_gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens).
+`actor/rlgates_gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens). Nothing is
+logged under `entropy`: verl's actor/entropy comes from its trainer's π_old pass, not the loss.
 
 Bypass mode. verl's `algorithm.rollout_correction.bypass_mode=True` does not run your loss as
 you configured it. On the legacy trainer (`trainer.use_v1=false`, ray_trainer.py)
@@ -52,7 +54,8 @@ call `check_config(config)` on the full trainer config in your entry point (befo
 `patch_environment()` (explicit; importing this module does not call it): verl 0.9.1 imports
 TRL's value-head model, which TRL 1.16.0 removed, on every model build; this provides a stand-in
 where verl looks, only if TRL lacks it (rlgates.trainers._verl_compat says why and what). Call it
-before verl builds its engine, in that process.
+before verl builds its engine, in that process: on Ray, in the external_lib module above (verl
+imports it in the worker before the engine is built).
 """
 
 from __future__ import annotations

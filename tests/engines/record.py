@@ -29,7 +29,7 @@ def _differences(fresh, stored, path="") -> list[str]:
             out += _differences(fresh[k], stored[k], f"{path}/{k}")
         return out
     if isinstance(stored, list) and isinstance(fresh, list) and len(stored) == len(fresh):
-        return [d for i, (a, b) in enumerate(zip(fresh, stored)) for d in _differences(a, b, f"{path}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(fresh, stored, strict=True)) for d in _differences(a, b, f"{path}[{i}]")]
     if isinstance(stored, bool) or isinstance(fresh, bool) or not isinstance(stored, (int, float)):
         return [] if fresh == stored else [f"{path}: run {fresh!r}, summary {stored!r}"]
     # floats: rounding differs across CPUs; a tiny agreement (2e-7 against 3e-7) is the same fact

@@ -5,7 +5,10 @@
 
 Each case trains two fresh copies of the tiny model from one seed, one with TRL's built-in loss
 and one with `RlgatesGRPOTrainer` (plus negative controls), and records per-step loss, grad_norm,
-reward, TRL's clip and length metrics, and the largest |ΔW| of the final weights. The numbers are
+reward, TRL's clip, entropy and length metrics, and the largest |ΔW| of the final weights; in two
+processes also each rank's token counts, num_items_in_batch, and each micro-batch's returned loss
+and window length. The one-process launch also measures the normalisers (`spg_against_ga`,
+`clipping`). The numbers are
 merged into OUT.json under "one_process" or "two_process" (tests/engines/test_trl_engine.py
 asserts on them; a later chapter reads them). Two processes: gloo on the CPU (use_cpu=True);
 `accelerate launch --cpu --num_processes 2` starts one process, so use torchrun.
@@ -31,17 +34,45 @@ from rlgates import trainers as rt  # noqa: E402
 from rlgates.trainers import trl as rtrl  # noqa: E402
 from tests.trl_run import DATA, config, reward_words, tiny_model, tiny_tokenizer  # noqa: E402
 
-KEYS = ("loss", "grad_norm", "reward", "clip_ratio/region_mean", "completions/min_length",
-        "completions/max_length", "rlgates/gate_mean")
+#: TRL's clip metrics (per loss_type) and entropy: the adapter logs them under TRL's names
+TRL_METRIC_KEYS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean",
+                   "clip_ratio/high_max", "clip_ratio/region_mean", "cispo_clip_ratio", "entropy")
+KEYS = ("loss", "grad_norm", "reward", "completions/min_length", "completions/max_length",
+        "rlgates/gate_mean", "rlgates/gate_zero", *TRL_METRIC_KEYS)
 
 
 class Counting(rtrl.RlgatesGRPOTrainer):
-    """The adapter, recording each micro-batch's local token count and num_items_in_batch."""
+    """The adapter, recording per micro-batch its local token count, num_items_in_batch, the loss
+    it returned and the length of its accumulation window (current_gradient_accumulation_steps)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         n = inputs.get("num_items_in_batch")
-        self.counts.append((int(inputs["completion_mask"].sum()),
-                            None if n is None else int(n)))
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.counts.append((int(inputs["completion_mask"].sum()), None if n is None else int(n),
+                            float(out.detach()), self.current_gradient_accumulation_steps))
+        return out
+
+
+class PreFix(GRPOTrainer):
+    """TRL's dapo before its GA/SPG rescale (TRL PR #6024): the normaliser num_items_in_batch /
+    num_processes, whatever steps_per_generation. TRL's own loss times the factor it now divides
+    by, so everything else (metrics, clipping, logging) stays TRL's."""
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if self.model.training:
+            loss = loss * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return loss
+
+
+class Capture(GRPOTrainer):
+    """TRL's trainer, keeping every micro-batch's inputs and the weights before the first one."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self.captured:
+            self.w0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.captured.append({k: v.clone() if torch.is_tensor(v) else v
+                              for k, v in inputs.items()})
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
@@ -60,7 +91,7 @@ def train(cls, args, data=DATA, **kw):
     model = tiny_model()
     t = cls(model=model, reward_funcs=reward_words, args=args, train_dataset=data,
             processing_class=tiny_tokenizer(), **kw)
-    t.counts = []
+    t.counts, t.captured = [], []
     t.train()
     steps = [{k: e.get(k) for k in KEYS} for e in t.state.log_history if "loss" in e]
     W = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
@@ -94,6 +125,81 @@ def pair(loss_type, out, data=DATA, **cfg):
             "hparams": {k: float(v) for k, v in m.hparams.items()}}, t, args, w_ref
 
 
+def trl_grad(t, batches, ga, spg, num_items=None):
+    """TRL's own loss (GRPOTrainer._compute_loss) summed over `batches` at the trainer's current
+    weights, as one accumulation window of length `ga` with steps_per_generation `spg`: the total
+    loss and the flat gradient (what the optimiser step would see, before clipping)."""
+    t.model.train()
+    t.model.zero_grad()
+    t.current_gradient_accumulation_steps, spg_run = ga, t.args.steps_per_generation
+    t.args.steps_per_generation = spg
+    total = 0.0
+    try:
+        for b in batches:
+            if num_items is not None:
+                b = {**b, "num_items_in_batch": torch.tensor(num_items)}
+            loss = GRPOTrainer._compute_loss(t, t.model, b)
+            loss.backward()
+            total += float(loss.detach())
+    finally:
+        t.args.steps_per_generation = spg_run
+    g = torch.cat([p.grad.flatten() for p in t.model.parameters()]).clone()
+    t.model.zero_grad()
+    return total, g
+
+
+def norm_rel(g, h):
+    return float((g - h).norm() / h.norm())
+
+
+def spg_against_ga(out):
+    """One generation batch of 4 micro-batches (steps_per_generation 4), trained in windows of
+    GA = 2: two optimiser steps. At the first step's weights, TRL's gradient of each step, their
+    mean, the gradient of the same 4 micro-batches as one window (SPG = GA = 4), and the pre-fix
+    normaliser (num_items_in_batch / num_processes, no GA/SPG)."""
+    args = config(output_dir=out, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
+                  num_iterations=1, steps_per_generation=4, max_steps=2)
+    t, log, _ = train(Capture, args)
+    mbs = t.captured
+    assert len(mbs) == 4
+    t.model.load_state_dict(t.w0)
+    n_gen = int(mbs[0]["num_items_in_batch"])
+    n_step = [int(sum(b["completion_mask"].sum() for b in mbs[i:i + 2])) for i in (0, 2)]
+    l1, g1 = trl_grad(t, mbs[:2], 2, 4)          # as run: step 1
+    _, g2 = trl_grad(t, mbs[2:], 2, 4)           # step 2's tokens, at step 1's weights
+    _, g_whole = trl_grad(t, mbs, 4, 4)          # SPG = GA: one window of all 4
+    _, g1_pre = trl_grad(t, mbs[:2], 2, 2)       # pre-fix: no GA/SPG factor
+    _, g2_pre = trl_grad(t, mbs[2:], 2, 2)
+    _, g1_own = trl_grad(t, mbs[:2], 2, 2, num_items=n_step[0])  # step 1 as its own batch
+    return {
+        "n_gen": n_gen, "n_step": n_step, "ga": 2, "spg": 4,
+        "logged_loss": log[0]["loss"], "logged_grad_norm": log[0]["grad_norm"],
+        "offline_loss": l1, "offline_grad_norm": float(g1.norm()),
+        "mean_vs_whole": norm_rel((g1 + g2) / 2, g_whole),
+        "prefix_mean_vs_whole": norm_rel((g1_pre + g2_pre) / 2, g_whole),
+        "prefix_factor": float(g1_pre.norm() / g1.norm()),
+        "prefix_parallel": norm_rel(g1_pre / 0.5, g1),
+        "step1_vs_own_batch": float(g1.norm() / g1_own.norm()),
+        "step1_own_parallel": norm_rel(g1 * g1_own.norm() / g1.norm(), g1_own),
+    }
+
+
+def clipping(out):
+    """TRL's dapo against the pre-fix normaliser (a loss off by GA/SPG = 1/2), with SGD (Adam
+    would hide any constant factor), over one generation batch (two steps): once with every
+    step's gradient norm clipped, once with no clipping (max_grad_norm = 0)."""
+    res = {}
+    for name, mgn in (("clipped", 0.01), ("unclipped", 0.0)):
+        args = config(output_dir=out, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
+                      num_iterations=1, steps_per_generation=4, max_steps=2, optim="sgd",
+                      learning_rate=0.5, max_grad_norm=mgn)
+        _, fixed, w_fixed = train(GRPOTrainer, args)
+        _, pre, w_pre = train(PreFix, args)
+        res[name] = {"max_grad_norm": mgn, "fixed": fixed, "prefix": pre,
+                     "max_abs_dW": dW(w_pre, w_fixed)}
+    return res
+
+
 def one_process(out):
     cases = {}
     t0 = time.perf_counter()
@@ -108,7 +214,11 @@ def one_process(out):
             c["local_mean_control"] = bad
             c["local_mean_max_abs_dW"] = dW(w_bad, w_ref)
         cases[name] = c
-    return {"num_processes": 1, "cases": cases, "wall_s": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    normalisers = {"spg_against_ga": spg_against_ga(out), "clipping": clipping(out),
+                   "wall_s": time.perf_counter() - t1}
+    return {"num_processes": 1, "cases": cases, "normalisers": normalisers,
+            "wall_s": time.perf_counter() - t0}
 
 
 def two_process(out):
@@ -128,18 +238,21 @@ def two_process(out):
         P = t.accelerator.num_processes
         # the generation batch: steps_per_generation micro-batches, reused num_iterations times
         G = args.steps_per_generation * args.num_iterations
-        local = [sum(n for n, _ in t.counts[g:g + args.steps_per_generation])
+        local = [sum(r[0] for r in t.counts[g:g + args.steps_per_generation])
                  for g in range(0, len(t.counts), G)]
         every = [None] * P
         dist.all_gather_object(every, {"local_gen": local, "counts": t.counts})
         glob = [sum(r["local_gen"][i] for r in every) for i in range(len(local))]
-        items = [[n for _, n in r["counts"]] for r in every]
+        items = [[r[1] for r in rank["counts"]] for rank in every]
         c["num_processes"] = P
         c["rank_gen_tokens"] = [r["local_gen"] for r in every]
         c["global_gen_tokens"] = glob
         c["num_items_in_batch"] = items
         c["num_items_ok"] = all(items[r][i] == glob[i // G] for r in range(P)
                                 for i in range(len(items[r])))
+        # each micro-batch's returned loss and window length, per rank (the logged loss's parts)
+        c["micro_loss"] = [[r[2] for r in rank["counts"]] for rank in every]
+        c["window"] = [[r[3] for r in rank["counts"]] for rank in every]
         cases[name] = c
     return {"num_processes": int(os.environ.get("WORLD_SIZE", 1)), "cases": cases,
             "wall_s": time.perf_counter() - t0}

@@ -5,7 +5,9 @@ One training step, as LLM RL trainers run it:
   policy as it was `lag` optimiser steps ago), score them, compute group advantages;
 - UPDATE: shuffle the rollout batch and cut it into `minibatches` minibatches; one optimiser
   step on each, so every response is stepped on once (`epochs` passes, 1 by default);
-- METRICS: observe the step (rlgates.diagnostics on every update), never change it.
+- METRICS: observe the step, never change it: one call to rlgates.diagnostics.step_stats over
+  all the tokens the step's updates saw (every registered diagnostic), plus the lab's own
+  numbers (`LAB_METRICS`).
 
 The ratio's anchor (`LabConfig.anchor`):
 - "behaviour": ρ = π_θ / π_behav, the rollout policy's own log-probs;
@@ -27,45 +29,36 @@ from __future__ import annotations
 import inspect
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
 from .. import _numerics as nx
+from .. import diagnostics
 from ..advantages import group_advantages
 from ..devices import on_accelerator
-from ..diagnostics import step_stats, token_gates
-from ..methods import Method, get
+from ..methods import get
 from ..policy import LabPolicy
+from ..regularisers import entropy
 from .task import PatternTask
 
-#: Per step and run: the rollout's own numbers, then the update's (means over the step's
-#: updates; log_ratio_absmax is their maximum).
-METRIC_DOC = {
+#: The lab's own per-step numbers, beside every registered diagnostic (`metric_doc()`).
+LAB_METRICS = {
     "step": "training step (one rollout batch)",
-    "reward": "mean sequence reward of the rollout batch (share of positions right)",
-    "solved": "share of rollout responses with reward 1",
     "rare": "share of the rare-token positions (odd motif slots) answered right",
-    "live": "share of responses with A ≠ 0 (groups whose rewards are not all equal)",
-    "length": "mean response length, in tokens (up to and including the end token)",
-    "entropy": "mean per-token entropy of π on the minibatch tokens (nats)",
-    "clipfrac_pos": "share of A > 0 tokens whose gate is exactly zero",
-    "clipfrac_neg": "share of A < 0 tokens whose gate is exactly zero",
-    "gated": "share of A ≠ 0 tokens whose gate is exactly zero",
-    "pg_clipfrac": "share of tokens clipped (A > 0 above, A < 0 below): verl's name",
-    "pg_clipfrac_lower": "share of tokens with A < 0 shut above ρ = 1 (dual clip): verl's name",
-    "signal_lost": "share of the aggregated abs(ρ·A) on tokens whose gate is zero",
-    "gate_mean": "mean gate f'(ρ; A) over tokens with A ≠ 0",
-    "ppo_kl": "mean log π_old − log π of the updated tokens (verl's name)",
-    "log_ratio_absmax": "largest abs(log ρ) any update of the step saw",
-    "is_weight_mean": "mean behaviour weight min(π_prox/π_behav, C) (1 without one)",
-    "loss": "the method's loss on all the tokens the step's updates used, as they saw them",
     "grad_norm": "mean gradient norm of the step's updates, before clipping",
     "staleness": "mean number of optimiser steps between the behaviour policy and the updated one",
 }
-METRIC_KEYS = tuple(METRIC_DOC)
-_DIAG = ("entropy", "clipfrac_pos", "clipfrac_neg", "pg_clipfrac", "pg_clipfrac_lower",
-         "signal_lost", "gate_mean", "ppo_kl")
+
+
+def metric_doc() -> dict:
+    """{key: what it measures} of a lab run's metrics, in order: the step, every diagnostic
+    registered in rlgates.diagnostics (over the rollout batch, or over all the tokens the step's
+    updates saw, as they saw them; log_ratio_absmax is the largest), then the lab's own."""
+    return {"step": LAB_METRICS["step"],
+            **{k: d.doc for k, d in diagnostics.REGISTRY.items()},
+            **{k: v for k, v in LAB_METRICS.items() if k != "step"}}
 
 
 @dataclass(frozen=True)
@@ -95,7 +88,6 @@ class LabConfig:
     anchor: str = "behaviour"  # ρ against the "behaviour" policy or a "proximal" one
     is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no cap)
     correction: object | None = None  # "proximal": the weight rule in place of min(·, is_cap)
-    recompute_old: bool = False  # ratio against π_prox with no lab weight (the loss corrects)
     threads: int | None = 1  # torch CPU threads during a run (restored after); None: as is
     dtype: str = "float32"
     device: str = "cpu"
@@ -129,7 +121,7 @@ class LabConfig:
 
 @dataclass
 class LabResult:
-    """One run: per-step `metrics` (lists of floats, keys METRIC_KEYS) and how it was made."""
+    """One run: per-step `metrics` (lists of floats, keys `metric_doc()`) and how it was made."""
 
     method: str
     seed: int
@@ -147,10 +139,6 @@ class LabResult:
         """Mean of `key` over the last `last` steps (a less noisy end value)."""
         vals = self.metrics[key][-last:]
         return float(sum(vals) / len(vals))
-
-    def as_dict(self):
-        return {"method": self.method, "seed": self.seed, "lag": self.lag, "agg": self.agg,
-                "config": asdict(self.config), "metrics": self.metrics}
 
 
 def method_name(method) -> str:
@@ -172,36 +160,6 @@ def resolve(method):
 def default_agg(method) -> str:
     """The method's own aggregation (`.agg`), else token-mean."""
     return getattr(resolve(method), "agg", None) or "token-mean"
-
-
-def _run_scale(mask, agg):
-    """[R]: N / N_r, the factor between run r's aggregation weight and the merged batch's."""
-    count = mask.sum((1, 2)) if agg == "token-mean" else (mask.sum(-1) > 0).sum(-1)
-    count = count.to(torch.float64)
-    return count.sum() / count.clamp(min=1)
-
-
-@torch.no_grad()
-def per_run_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
-    """[R]: each run's m.loss on its own rows of [R, b, T] inputs (a metric, no gradient).
-
-    For an rlgates Method, in one pass: its per-token objective on the merged rows, weighted by
-    each run's own aggregation weight (equal to m.loss run by run, tested); for any other
-    object, m.loss run by run."""
-    mask = nx.check_mask(mask, logp.shape, logp.device)
-    R = logp.shape[0]
-    if not isinstance(m, Method):
-        kw = [{} if is_weight is None else {"is_weight": is_weight[r]} for r in range(R)]
-        return torch.stack([m.loss(logp[r], logp_old[r], adv[r], mask[r], agg, **kw[r])
-                            for r in range(R)])
-    flat = (lambda x: x.flatten(0, 1))
-    lp, lo, a, mk = nx.check_loss_inputs(flat(logp), flat(logp_old), flat(adv), flat(mask), agg)
-    obj = m.token_objective(lp, lo, a, mk)
-    if is_weight is not None:
-        obj = obj * flat(is_weight).to(obj.dtype)
-    w = nx.aggregation_weight(mk, agg).to(obj.dtype)
-    w = w.view(R, -1) * _run_scale(mask, agg).to(obj.dtype)[:, None]
-    return -torch.where(mk.view(R, -1), obj.view(R, -1) * w, 0.0).sum(1)
 
 
 def _takes_is_weight(m) -> bool:
@@ -227,7 +185,7 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
         if is_weight is not None:
             raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
         return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
-    w = _run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
+    w = nx.run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
     if is_weight is not None:
         w = w * is_weight
     flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
@@ -256,9 +214,88 @@ def _clip_grad_norm_per_run(params, max_norm):
     return norm
 
 
+class Rollout(NamedTuple):
+    """One rollout batch per run, B = prompts × G responses: tensors [R, B, ...]."""
+
+    prompts: torch.Tensor  # [R, B, motif], each prompt repeated G times side by side
+    tokens: torch.Tensor  # [R, B, T]
+    logp: torch.Tensor  # [R, B, T]: the sampling policy's log-probs of the tokens
+    mask: torch.Tensor  # [R, B, T]: up to and including the end token
+    right: torch.Tensor  # [R, B, T]: the positions answered right
+    rewards: torch.Tensor  # [R, B]: the share of positions right
+    adv: torch.Tensor  # [R, B]: group advantages (cfg.normalize_std)
+
+
+@torch.no_grad()
+def rollout(cfg, policy, generators, task=None) -> Rollout:
+    """The lab's ROLLOUT: `cfg.prompts` prompts per run and G = `cfg.group` responses to each,
+    sampled from `policy` (run r drawing from generators[r]), scored, group advantages."""
+    task = task or cfg.task()
+    prompts = torch.stack([task.prompts(cfg.prompts, g, g.device) for g in generators])
+    prompts = prompts.repeat_interleave(cfg.group, 1)
+    tokens, logp = policy.sample(prompts, cfg.length, generators)
+    right = task.right(prompts, tokens)
+    rewards = right.float().mean(-1)
+    adv = group_advantages(rewards.view(-1, cfg.group), cfg.normalize_std).view_as(rewards)
+    return Rollout(prompts, tokens, logp, task.mask(tokens), right, rewards, adv.to(logp.dtype))
+
+
+@torch.no_grad()
+def _anchor(cfg, policy, batch):
+    """(log π_old of the ratio, the behaviour weight or None): the rollout's own log-probs, or
+    at the "proximal" anchor the policy's now, weighted by min(π_prox/π_behav, C) or by
+    `cfg.correction`'s rule."""
+    if cfg.anchor == "behaviour":
+        return batch.logp, None
+    prox = policy.log_probs(batch.tokens, batch.prompts)
+    if cfg.correction is None:
+        w = (prox - batch.logp).exp()
+        return prox, (w.clamp(max=cfg.is_cap) if cfg.is_cap else w)
+    flat = (lambda x: x.flatten(0, 1))  # its own rule, on [R·B, T] rows
+    w = cfg.correction.weight(flat(prox), flat(batch.logp), flat(batch.mask))
+    return prox, w.view_as(prox).to(prox.dtype)
+
+
+def _take(runs, idx):
+    """x → x[runs, idx], each run's own rows (None stays None)."""
+    return lambda x: None if x is None else x[runs, idx]
+
+
+def _rollout_info(step, version, batch):
+    """The hook's view of a rollout; a single run's tensors without the runs dimension."""
+    one = (lambda x: x[0]) if len(batch.tokens) == 1 else (lambda x: x)
+    return {"step": step, "version": version, "prompts": one(batch.prompts),
+            "tokens": one(batch.tokens), "logp_behaviour": one(batch.logp)}
+
+
+def _keep(kept, m, logp, logp_old, adv, mask):
+    """keep_log_ratios: append, per run, the token log ρ and (gate, A) of the real tokens."""
+    b = diagnostics.Batch(m, logp, logp_old, adv, mask)
+    gate = b.gate if callable(getattr(m, "gate", None)) else None
+    for r, (log_ratios, gates) in enumerate(kept):
+        real = b.mask[r]
+        log_ratios.append(b.token_log_ratio[r][real].float().cpu())
+        if gate is not None:
+            gates.append((gate[r][real].float().cpu(), b.adv[r][real].float().cpu()))
+
+
+def _progress(label, steps, every):
+    """The step printer of `train(progress=)`; None when silent."""
+    if not every:
+        return None
+    t0 = time.perf_counter()
+
+    def show(step, row):
+        if (step + 1) % every == 0 or step + 1 == steps:
+            print(f"{label} step {step + 1:>4}/{steps}: reward {float(row['reward'].mean()):.3f}"
+                  f", max |log ρ| {float(row['log_ratio_absmax'].max()):.2f} "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    return show
+
+
 def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None = None,
           lag: int = 0, agg: str | None = None, progress=True, keep_log_ratios: bool = False,
-          hook=None, seed: int | None = None) -> list[LabResult]:
+          hook=None) -> list[LabResult]:
     """Train one fresh policy per seed with `method`, all seeds at once: [LabResult per seed].
 
     method: a registry name ("dapo") or any object with `.loss(logp, logp_old, adv, mask, agg)`
@@ -272,19 +309,13 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         many steps; False: silent).
     keep_log_ratios: keep, per run and step, the token log ρ and the (gate, A) the updates saw.
     hook: optional hook(event, info), called with ("rollout", {step, version, prompts, tokens,
-        logp_behaviour, logp_rollout (the same)}) after each rollout and ("update", {update,
-        policy}) after each optimiser step (`update` counts from 1; the policy is then version
-        `update`). With a single seed the tensors have no runs dimension ([B, ...]).
-    seed: one seed, for `train(method, config, seed=s)`: returns that run's LabResult alone.
+        logp_behaviour}) after each rollout and ("update", {update, policy}) after each
+        optimiser step (`update` counts from 1; the policy is then version `update`). With a
+        single seed the tensors have no runs dimension ([B, ...]).
     Same seeds, config and arguments → identical metrics (on the same device and torch).
-    `LabConfig(recompute_old=True)` takes the ratio against the proximal policy with no
-    behaviour weight, for a loss that applies its own correction (rlgates.offpolicy).
     """
-    if seed is not None:
-        return train(method, config, [seed], steps, lag, agg, progress, keep_log_ratios,
-                     hook)[0]
     cfg = config or LabConfig.for_device("cpu")
-    steps = cfg.steps if steps is None else int(steps)
+    cfg = cfg if steps is None else cfg.replace(steps=int(steps))
     seeds = [int(s) for s in seeds]
     if lag < 0:
         raise ValueError(f"lag must be ≥ 0, got {lag}")
@@ -298,76 +329,52 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
     agg = agg or default_agg(m)
     if agg not in nx.AGG_MODES:
         raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
-    dev = torch.device(cfg.device)
+    every = (max(1, cfg.steps // 5) if progress is True else int(progress)) if progress else 0
+    show = _progress(f"[{name} lag {lag}, {len(seeds)} runs]", cfg.steps, every)
     threads = torch.get_num_threads()
-    if cfg.threads and dev.type == "cpu":
+    if cfg.threads and torch.device(cfg.device).type == "cpu":
         torch.set_num_threads(cfg.threads)
     try:
-        return _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook)
+        table, kept = _train(m, cfg, seeds, lag, agg, keep_log_ratios, hook, show)
     finally:
         torch.set_num_threads(threads)
+    return [LabResult(name, s, lag, agg, cfg, {k: v[r].tolist() for k, v in table.items()},
+                      *(kept[r] if keep_log_ratios else (None, None)))
+            for r, s in enumerate(seeds)]
 
 
-def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook):
-    dev, R = torch.device(cfg.device), len(seeds)
-    task, rare_pos = cfg.task(), cfg.task().rare_positions().to(dev)
+def _train(m, cfg, seeds, lag, agg, keep, hook, show):
+    """The loop, step by step: ROLLOUT, UPDATE, METRICS. Returns ({key: [R, steps]}, kept)."""
+    dev, R, task = torch.device(cfg.device), len(seeds), cfg.task()
+    rare = task.rare_positions().to(dev)
     policy = cfg.policy(seeds).to(dev)
     behaviour = cfg.policy(seeds).to(dev).requires_grad_(False)  # the lagged copy
     opt = _adam(policy.parameters(), cfg.lr)
     gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
-    runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own minibatch
-    history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` steps old
-    has_gate = callable(getattr(m, "gate", None))
-    metrics = {k: [] for k in METRIC_KEYS}
-    kept = [([], []) for _ in seeds] if keep_log_ratios else None
-    every = (max(1, steps // 5) if progress is True else int(progress)) if progress else 0
-    updates, t_run = 0, time.perf_counter()
-
-    for step in range(steps):
-        # ROLLOUT: sample from the behaviour policy, score, group advantages
-        sampler = policy
-        if lag:  # the behaviour policy: the policy as it was `lag` optimiser steps ago
+    runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
+    history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
+    rows, kept, updates = [], [([], []) for _ in seeds], 0
+    for step in range(cfg.steps):
+        # ROLLOUT: from the behaviour policy (`lag` updates old), scored, group advantages
+        if lag:
             behaviour.load_state_dict(history[0])
-            sampler = behaviour
         version = updates - (len(history) - 1)
-        with torch.no_grad():
-            prompts = torch.stack([task.prompts(cfg.prompts, g, dev) for g in gens])
-            prompts = prompts.repeat_interleave(cfg.group, 1)  # [R, B, motif]
-            tokens, logp_behav = sampler.sample(prompts, cfg.length, gens)  # [R, B, T]
-            mask, right = task.mask(tokens), task.right(prompts, tokens)
-            rewards = right.float().mean(-1)  # [R, B]
-            adv = group_advantages(rewards.view(-1, cfg.group), cfg.normalize_std)
-            adv = adv.view_as(rewards).to(logp_behav.dtype)
-            logp_old = logp_behav  # the ratio's anchor: behaviour, or π_prox recomputed
-            if cfg.anchor == "proximal" or cfg.recompute_old:
-                logp_old = policy.log_probs(tokens, prompts)
-            is_w = torch.ones_like(logp_behav)  # decoupled PPO's min(π_prox/π_behav, C)
-            if cfg.anchor == "proximal":
-                is_w = (logp_old - logp_behav).exp()
-                is_w = is_w.clamp(max=cfg.is_cap) if cfg.is_cap else is_w
-                if cfg.correction is not None:  # its own rule, on [R·B, T] rows
-                    flat = (lambda x: x.flatten(0, 1))
-                    is_w = cfg.correction.weight(flat(logp_old), flat(logp_behav), flat(mask))
-                    is_w = is_w.view_as(logp_old).to(logp_old.dtype)
+        batch = rollout(cfg, behaviour if lag else policy, gens, task)
+        logp_old, is_w = _anchor(cfg, policy, batch)  # the ratio's anchor, the behaviour weight
         if hook is not None:
-            one = (lambda x: x[0]) if R == 1 else (lambda x: x)
-            hook("rollout", {"step": step, "version": version, "prompts": one(prompts),
-                             "tokens": one(tokens), "logp_behaviour": one(logp_behav),
-                             "logp_rollout": one(logp_behav)})
+            hook("rollout", _rollout_info(step, version, batch))
 
-        seen = {"idx": [], "logp": [], "entropy": [], "grad_norm": []}
+        # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
+        seen = []
         for _ in range(cfg.epochs):
-            # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
             perm = torch.stack([torch.randperm(cfg.batch, generator=g, device=dev)
                                 for g in gens])
             for idx in perm.chunk(cfg.minibatches, dim=1):  # [R, b]: each run's own rows
-                tok = tokens[runs, idx]
-                logits = policy.logits(prompts[runs, idx], tok)  # [R, b, T, vocab]
-                logp_all = logits.log_softmax(-1)
-                logp = logp_all.gather(-1, tok[..., None])[..., 0]
-                w = is_w[runs, idx] if cfg.anchor == "proximal" else None
-                loss = summed_loss(m, logp, logp_old[runs, idx], adv[runs, idx],
-                                   mask[runs, idx], agg, is_weight=w)
+                tok, at = batch.tokens[runs, idx], _take(runs, idx)
+                logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
+                logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
+                loss = summed_loss(m, logp, at(logp_old), at(batch.adv), at(batch.mask), agg,
+                                   is_weight=at(is_w))
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
@@ -377,64 +384,24 @@ def _train(m, name, cfg, seeds, steps, lag, agg, progress, keep_log_ratios, hook
                     history.append(policy.state())
                 if hook is not None:
                     hook("update", {"update": updates, "policy": policy})
-                with torch.no_grad():  # kept for the metrics
-                    for k, v in zip(seen, (idx, logp.detach(), -(logp_all.exp() * logp_all).sum(-1),
-                                           grad_norm), strict=True):
-                        seen[k].append(v)
+                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm))
 
         # METRICS: observation only; each run's row, over all the tokens its updates saw
-        with torch.no_grad():
-            idx = torch.cat(seen["idx"], 1)
-            logp, ent = torch.cat(seen["logp"], 1), torch.cat(seen["entropy"], 1)
-            mb = (logp_old[runs, idx], adv[runs, idx], mask[runs, idx])
-            if has_gate:
-                d = step_stats(m, logp, *mb, entropy=ent, agg=agg)
-            else:
-                d = {k: torch.full((R,), float("nan")) for k in _DIAG}
-                d["entropy"] = torch.where(mb[2], ent, 0).sum((1, 2)) / mb[2].sum((1, 2))
-            lr_tok = torch.where(mb[2], logp - mb[0], 0.0)
-            n_up = cfg.epochs * cfg.minibatches
-            pos, neg = (mb[2] & (mb[1][..., None] > 0)).sum((1, 2)), (
-                mb[2] & (mb[1][..., None] < 0)).sum((1, 2))
-            gated = ((d["clipfrac_pos"] * pos + d["clipfrac_neg"] * neg)
-                     / (pos + neg).clamp(min=1))
-            w_seen = is_w[runs, idx] if cfg.anchor == "proximal" else None
-            loss_r = per_run_loss(m, logp, *mb, agg, is_weight=w_seen)
-            row = {
-                "step": torch.full((R,), float(step)),
-                "reward": rewards.mean(-1),
-                "solved": (rewards == 1).float().mean(-1),
-                "rare": right[..., rare_pos].float().mean((-2, -1)),
-                "live": (adv != 0).float().mean(-1),
-                "length": mask.sum(-1).float().mean(-1),
-                **{k: d[k] for k in _DIAG},
-                "gated": gated,
-                "loss": loss_r.detach(),
-                "log_ratio_absmax": lr_tok.abs().amax((1, 2)),
-                "is_weight_mean": (torch.where(mask, is_w, 0).sum((1, 2)) / mask.sum((1, 2))),
-                "grad_norm": torch.stack(seen["grad_norm"]).mean(0),
-                "staleness": torch.full((R,), updates - version - (n_up + 1) / 2),
-            }
-            if keep_log_ratios:
-                gate = token_gates(m, logp, *mb)[0] if has_gate else None
-                for r, (lrs, gates) in enumerate(kept):
-                    mk = mb[2][r]
-                    lrs.append(lr_tok[r][mk].float().cpu())
-                    if gate is not None:
-                        a = mb[1][r][:, None].expand_as(mk)[mk]
-                        gates.append((gate[r][mk].float().cpu(), a.float().cpu()))
-        for k in METRIC_KEYS:
-            metrics[k].append(row[k].detach().double().cpu())
-        if every and ((step + 1) % every == 0 or step + 1 == steps):
-            print(f"[{name} lag {lag}, {R} runs] step {step + 1:>4}/{steps}: reward "
-                  f"{float(row['reward'].mean()):.3f}, max |log ρ| "
-                  f"{float(row['log_ratio_absmax'].max()):.2f} "
-                  f"({time.perf_counter() - t_run:.1f} s)", flush=True)
-
-    table = {k: torch.stack(v, 1) for k, v in metrics.items()}  # [R, steps]
-    return [LabResult(name, s, lag, agg, cfg, {k: v[r].tolist() for k, v in table.items()},
-                      kept[r][0] if kept else None, kept[r][1] if kept else None)
-            for r, s in enumerate(seeds)]
+        idx, logp, ent, norms = zip(*seen, strict=True)
+        idx, logp, ent = torch.cat(idx, 1), torch.cat(logp, 1), torch.cat(ent, 1)
+        at = _take(runs, idx)
+        stats = diagnostics.step_stats(m, logp, at(logp_old), at(batch.adv), at(batch.mask),
+                                       ent, agg, is_weight=at(is_w), rewards=batch.rewards,
+                                       group=cfg.group)
+        rows.append({"step": torch.full((R,), float(step)), **stats,
+                     "rare": batch.right[..., rare].float().mean((1, 2)),
+                     "grad_norm": torch.stack(norms).mean(0),
+                     "staleness": torch.full((R,), updates - version - (len(seen) + 1) / 2)})
+        if keep:
+            _keep(kept, m, logp, at(logp_old), at(batch.adv), at(batch.mask))
+        if show:
+            show(step, rows[-1])
+    return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
 
 
 def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=None, lag=0,
@@ -464,6 +431,6 @@ def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=No
 
 
 __all__ = [
-    "METRIC_DOC", "METRIC_KEYS", "LabConfig", "LabResult", "default_agg", "method_name",
-    "per_run_loss", "resolve", "run_many", "summed_loss", "train",
+    "LAB_METRICS", "LabConfig", "LabResult", "Rollout", "default_agg", "method_name",
+    "metric_doc", "resolve", "rollout", "run_many", "summed_loss", "train",
 ]
