@@ -11,15 +11,18 @@ JupyterLab test) also install JupyterLab into .venv when it is missing.
 
 The chapters are MyST Markdown (chapters/*.md); their .ipynb twins, which nbval collects and the
 launch buttons name, are generated before each run (scripts/chapter_sources.py), never committed.
-`check` executes each chapter once: nbval runs it and writes it out with its outputs
-(scripts/nbval_record.py); those outputs prime the book's jupyter-cache (scripts/prime_cache.py),
-so the book build renders them, glue values included, without executing again.
+`book` and `check` execute each chapter once, the same way (`execute_chapters`): nbval runs the
+chapters in parallel, one notebook per worker, checks their asserts and writes each out with its
+outputs (scripts/nbval_record.py); those outputs prime the book's jupyter-cache
+(scripts/prime_cache.py), so the book build renders them, glue values included, without
+executing again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,11 +38,14 @@ STAMP = VENV / ".requirements-sha256"
 BUILD = ROOT / "_build"
 BOOK_HTML = BUILD / "html"
 EXECUTED = BUILD / "executed"       # the notebooks nbval executed, with their outputs
-CACHE = BUILD / ".jupyter_cache"    # the book's jupyter-cache (_config.yml, execute.cache)
 READER = BUILD / "reader"           # the reader notebooks (scripts/reader_notebooks.py)
 JUPYTERLAB = "jupyterlab==4.6.6"    # for `lab` and the JupyterLab browser test (not in Binder's)
 LAB_STAMP = VENV / ".jupyterlab"
+TEST_ENV = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}  # for every test step and nbval
+LOGS = BUILD / "logs"                # the output of steps run in the background
 TIMINGS: list[tuple[str, float, int]] = []
+RUNNING: list[Background] = []      # background steps not yet finished
+START = time.perf_counter()
 
 
 def sh(step: str, *cmd, check=True, env=None) -> int:
@@ -54,6 +60,35 @@ def sh(step: str, *cmd, check=True, env=None) -> int:
         summary()
         sys.exit(rc)
     return rc
+
+
+class Background:
+    """A step run beside the next ones (a core they leave idle): its output goes to a log file,
+    printed with its time when `finish` waits for it."""
+
+    def __init__(self, step: str, *cmd, env=None):
+        self.step, self.start = step, time.perf_counter()
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log = LOGS / (re.sub(r"\W+", "-", step).strip("-") + ".log")
+        print(f"\n==> {step} (beside the next steps; output: {self.log}): "
+              f"{' '.join(map(str, cmd))}", flush=True)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})})
+        RUNNING.append(self)
+
+    def finish(self, check=True) -> int:
+        rc = self.proc.wait()
+        RUNNING.remove(self)
+        TIMINGS.append((self.step, time.perf_counter() - self.start, rc))
+        print(f"\n==> {self.step}: its output\n{self.log.read_text(errors='replace')}"
+              f"<== {self.step}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
+              f"in {TIMINGS[-1][1]:.1f} s", flush=True)
+        if rc != 0 and check:
+            summary()
+            sys.exit(rc)
+        return rc
 
 
 def setup() -> None:
@@ -78,12 +113,37 @@ def chapter_notebooks() -> None:
     sh("chapter notebooks", PY, "scripts/chapter_sources.py", "notebooks")
 
 
-def build_book(step: str = "book", notebooks: bool = True) -> None:
-    """Build the book. Notebooks whose outputs are in the jupyter-cache are not executed; the
-    reader notebooks are written when the build finishes (scripts/reader_notebooks.py).
-    `notebooks=False`: the chapter notebooks were just written (check, before nbval)."""
-    if notebooks:
-        chapter_notebooks()
+def execute_chapters() -> None:
+    """Run every chapter once, for `book` and `check` alike: nbval executes the notebooks written
+    from chapters/*.md, one notebook per worker (loadfile; each kernel uses one torch thread,
+    rlgates.setup), checks each chapter's asserts, and writes each notebook whose every cell
+    passed to _build/executed with its outputs (scripts/nbval_record.py, which also prints each
+    notebook's time). Those outputs then fill the book's jupyter-cache (scripts/prime_cache.py).
+    A failing chapter stops the run, named. Figures use the inline backend, as in the book
+    (MPLBACKEND=Agg would show none)."""
+    shutil.rmtree(EXECUTED, ignore_errors=True)
+    chapter_notebooks()
+    rc = sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
+            "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
+            "chapters", check=False,
+            env={**TEST_ENV, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
+                                                             os.environ.get("PYTHONPATH")]))})
+    if rc != 0:
+        failed = sorted(p.stem for p in (ROOT / "chapters").glob("*.md")
+                        if not (EXECUTED / "chapters" / f"{p.stem}.ipynb").is_file())
+        print(f"\nchapters that failed (a cell raised or an assert did not hold): "
+              f"{', '.join(failed) or 'none written, see above'}", flush=True)
+        summary()
+        sys.exit(rc)
+    # the book renders nbval's outputs instead of executing the chapters again
+    sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
+
+
+def build_book(step: str = "book") -> None:
+    """Build the book from the jupyter-cache `execute_chapters` filled (a notebook missing there
+    would be executed by the build); the reader notebooks are written when the build finishes
+    (scripts/reader_notebooks.py)."""
     # MathJax for the offline book, from npm (or PyPI) into the ignored _build/vendor
     sh("offline assets", PY, "scripts/offline_assets.py")
     shutil.rmtree(BOOK_HTML, ignore_errors=True)
@@ -116,15 +176,19 @@ def ensure_chromium() -> None:
 
 
 def summary() -> None:
-    print("\nstep timings:")
+    for job in RUNNING:  # a step failed while others ran beside it: stop them
+        job.proc.kill()
+        job.proc.wait()
+        print(f"stopped {job.step} (output so far: {job.log})")
+    print("\nstep timings (steps marked ‖ ran beside others):")
     for step, seconds, rc in TIMINGS:
-        print(f"  {step:<22} {seconds:7.1f} s  {'ok' if rc == 0 else f'exit {rc}'}")
-    print(f"  {'total':<22} {sum(s for _, s, _ in TIMINGS):7.1f} s")
+        print(f"  {step:<26} {seconds:7.1f} s  {'ok' if rc == 0 else f'exit {rc}'}")
+    print(f"  {'wall':<26} {time.perf_counter() - START:7.1f} s")
 
 
 def book() -> None:
     setup()
-    shutil.rmtree(CACHE, ignore_errors=True)  # from scratch: every notebook is executed
+    execute_chapters()
     build_book()
     summary()
     print(f"\nbook built: {BOOK_HTML / 'index.html'}\nreader notebooks: {READER / 'chapters'}")
@@ -132,7 +196,7 @@ def book() -> None:
 
 def check() -> None:
     setup()
-    env = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    env = TEST_ENV
     sh("lint", BIN / "ruff", "check", ".")
     # chapter code checked like library code: each code cell exported to a .py file, then linted
     # as one (scripts/export_chapters.py; the duplicate check reads the same files)
@@ -146,35 +210,31 @@ def check() -> None:
     # the tests of the built reader notebooks run after the book, below
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
        "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+    execute_chapters()
     # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
-    # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py)
-    sh("engine tests (TRL, verl)", PY, "-m", "pytest", "tests/engines", "-m", "engine", "-q",
-       "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
-    # one notebook per worker (loadfile): each kernel uses one torch thread (rlgates.setup).
-    # Each executed notebook is written to _build/executed (scripts/nbval_record.py). Figures
-    # use the inline backend here, as in the book (MPLBACKEND=Agg would show none).
-    shutil.rmtree(EXECUTED, ignore_errors=True)
-    chapter_notebooks()
-    sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
-       "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
-       "chapters",
-       env={**env, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
-                                                        os.environ.get("PYTHONPATH")]))})
-    # the book renders nbval's outputs instead of executing the chapters again
-    sh("prime book cache", PY, "scripts/prime_cache.py", EXECUTED)
-    build_book("book (nbval outputs)", notebooks=False)
+    # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py).
+    # They run beside the book build and the reader-notebook tests, which leave a core idle.
+    engines = Background("engine tests ‖", PY, "-m", "pytest", "tests/engines", "-m", "engine",
+                         "-q", "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
+    build_book("book (nbval outputs)")
     sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
        "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
+    engines.finish()
     ensure_chromium()
-    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
-    # (a plain `pytest` skips them instead)
-    browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
-    sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
-       "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py", env=browser_env)
     ensure_jupyterlab()
-    sh("jupyterlab test", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py", "-q",
-       "-m", "browser", "-p", "no:randomly", env=browser_env)
+    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
+    # (a plain `pytest` skips them instead). The JupyterLab test (its own server and Chromium)
+    # runs beside the book's.
+    browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
+    lab = Background("jupyterlab test ‖", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py",
+                     "-q", "-m", "browser", "-p", "no:randomly", env=browser_env)
+    browser_rc = sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
+                    "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py",
+                    env=browser_env, check=False)
+    lab_rc = lab.finish(check=False)
+    if browser_rc or lab_rc:
+        summary()
+        sys.exit(browser_rc or lab_rc)
     summary()
     print("\nall checks passed")
 
@@ -236,7 +296,7 @@ def lab(args: list[str] = ()) -> None:
     setup()
     ensure_jupyterlab()
     if not (READER / "chapters").is_dir():
-        shutil.rmtree(CACHE, ignore_errors=True)
+        execute_chapters()
         build_book()
     summary()
     notes = sync_working_copy(READER / "chapters", WORKING_COPY)

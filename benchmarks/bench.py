@@ -4,8 +4,10 @@
     python benchmarks/bench.py --tokens 1 --devices cpu --methods ppo sapo
 
 For each (method, size, device) it prints the time per step of rlgates and of the reference
-(`rlgates.reference`, the big trainers' eager style) run in the same process, their ratio
-(rlgates / reference: ≤ 1.0 means no slower), and the peak memory of each. Peak memory is measured
+(`rlgates.reference`, the big trainers' eager style) run in the same process, as the median of
+--reps steps with their min-max spread, their ratio (rlgates / reference: ≤ 1.0 means no
+slower), the ratio against the reference given a mask that needs no cast (ref0), the ratio of CPU
+times (steadier on a shared machine), and the peak memory of each. Peak memory is measured
 in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
 torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
 training lab's throughput.
@@ -66,20 +68,29 @@ def sync(device):
 
 
 def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
-    """Median seconds per step of rlgates and the reference, interleaved to share the noise."""
+    """Seconds per step of rlgates, the reference, and the reference given its mask already in
+    the compute dtype ("ref0": it casts nothing; with a float mask it is the reference itself),
+    interleaved to share the noise. Returns {impl: (median, min, max, median CPU seconds)}: the
+    CPU time (this process's, all threads) is steadier than the wall time on a shared machine."""
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
-    fns = {impl: step_fn(name, impl) for impl in ("rlgates", "reference")}
-    for fn in fns.values():  # warm up
-        one_step(fn, *inputs)
-    times = {impl: [] for impl in fns}
+    runs = {impl: (step_fn(name, impl), inputs) for impl in ("rlgates", "reference")}
+    if mask_dtype != inputs[0].dtype:
+        runs["ref0"] = (runs["reference"][0], (*inputs[:3], inputs[3].to(inputs[0].dtype)))
+    for fn, args in runs.values():  # warm up
+        one_step(fn, *args)
+    wall, cpu = {impl: [] for impl in runs}, {impl: [] for impl in runs}
     for _ in range(reps):
-        for impl, fn in fns.items():
+        for impl, (fn, args) in runs.items():
             sync(device)
-            start = time.perf_counter()
-            one_step(fn, *inputs)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            one_step(fn, *args)
             sync(device)
-            times[impl].append(time.perf_counter() - start)
-    return {impl: statistics.median(t) for impl, t in times.items()}
+            wall[impl].append(time.perf_counter() - start)
+            cpu[impl].append(time.process_time() - start_cpu)
+    out = {impl: (statistics.median(t), min(t), max(t), statistics.median(cpu[impl]))
+           for impl, t in wall.items()}
+    out.setdefault("ref0", out["reference"])
+    return out
 
 
 class PeakTensorMemory(TorchDispatchMode):
@@ -159,16 +170,22 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8], help="millions (2^20)")
     parser.add_argument("--devices", nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
-          "ratio = rlgates / reference time (≤ 1.0 is no slower)")
-    header = (f"{'method':<9} {'mask':<5} {'tokens':>6} {'device':<6} {'rlgates ms':>11} "
-              f"{'ref ms':>9} "
-              f"{'ratio':>6} {'rlgates MB':>11} {'ref MB':>8} {'mem ratio':>9}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; median of {args.reps} steps "
+          "[min-max] in ms; ratio = rlgates / reference median (≤ 1.0 is no slower); ref0: the "
+          "reference given its mask in the compute dtype (casts nothing); cpu: the ratio of "
+          "median CPU times")
+    header = (f"{'method':<9} {'mask':<5} {'tokens':>6} {'device':<6} {'rlgates ms':>17} "
+              f"{'ref ms':>17} {'ratio':>6} {'ref0':>6} {'cpu':>5} {'rlgates MB':>11} "
+              f"{'ref MB':>8} {'mem ratio':>9}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -184,14 +201,18 @@ def main(argv=None):
                     else:
                         mem = {impl: peak_memory(name, impl, tokens, device, md) / 2**20
                                for impl in ("rlgates", "reference")}
-                    row = (name, mask_name, f"{millions}M", device, t["rlgates"] * 1e3,
-                           t["reference"] * 1e3, t["rlgates"] / t["reference"], mem["rlgates"],
-                           mem["reference"],
-                           mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"))
+                    rl, ref = t["rlgates"], t["reference"]
+                    row = (name, mask_name, f"{millions}M", device, rl[0] * 1e3, ref[0] * 1e3,
+                           rl[0] / ref[0], mem["rlgates"], mem["reference"],
+                           mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"),
+                           rl[0] / t["ref0"][0], rl[3] / ref[3])
                     rows.append(row)
-                    print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} {row[4]:>11.1f} "
-                          f"{row[5]:>9.1f} {row[6]:>6.2f} {row[7]:>11.0f} {row[8]:>8.0f} "
-                          f"{row[9]:>9.2f}", flush=True)
+                    spread = {k: f"[{v[1] * 1e3:.0f}-{v[2] * 1e3:.0f}]" for k, v in t.items()}
+                    print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} "
+                          f"{row[4]:>7.1f} {spread['rlgates']:>9} {row[5]:>7.1f} "
+                          f"{spread['reference']:>9} {row[6]:>6.2f} {row[10]:>6.2f} "
+                          f"{row[11]:>5.2f} {row[7]:>11.0f} {row[8]:>8.0f} {row[9]:>9.2f}",
+                          flush=True)
     inside, widen, (w, h) = slider_redraw_ms()
     print(f"\nslider redraw (dapo, blitted {w}x{h} PNG): {inside:.1f} ms per move, "
           f"{widen:.1f} ms per move that resizes the log ρ axis")

@@ -6,8 +6,8 @@
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective (agg: m.agg)
 """
 
-from . import byo, diagnostics, figures, lab, offpolicy
-from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight
+from . import byo, diagnostics, figures, lab, offpolicy, tables
+from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight, ragged_mask
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
 from .devices import compare_devices, device, on_accelerator, time_loss, time_step
@@ -23,7 +23,7 @@ from .figures import (
 from .interactive import explore
 from .lab import LabConfig, LabResult
 from .methods import REGISTRY, Method, get, names, register, unregister
-from .notebook import setup
+from .notebook import setup, show_source
 from .policy import (
     LabPolicy,
     TinyPolicy,
@@ -44,7 +44,9 @@ __all__ = [
     "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names",
     "offpolicy", "on_accelerator",
     "plane", "plot_gate_signal", "plot_ppo_regions", "plot_profiles", "plot_small_multiples",
-    "policy_step", "register", "sample_groups", "setup", "table", "tail_reward", "time_loss",
+    "policy_step", "ragged_mask", "register", "sample_groups", "setup", "show_source", "table",
+    "tables",
+    "tail_reward", "time_loss",
     "time_step", "unregister",
 ]
 __version__ = "0.2.0"

@@ -17,6 +17,9 @@ LOG_RATIO_CLAMP = 20.0
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+# mask dtypes `_bool_mask` checks with aminmax (and frac): what trainers pass
+_FAST_MASK_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8,
+                     torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -74,14 +77,38 @@ def check_mask(mask, shape, device=None):
     return mask if mask.dtype == torch.bool else _bool_mask(mask)
 
 
+def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
+    """The bool mask [B, T] of a ragged batch: row b is True on its first lengths[b] tokens
+    (the real ones) and False on the padding after them. T defaults to the longest length;
+    the mask lives on lengths' device."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer tensor or list, got dtype "
+                         f"{lengths.dtype} and shape {tuple(lengths.shape)}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    T = longest if T is None else int(T)
+    if lengths.numel() and (int(lengths.min()) < 0 or longest > T):
+        raise ValueError(f"lengths must lie in [0, T={T}], got {lengths.tolist()}")
+    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def _bool_mask(mask):
-    """A 0/1 float or int mask as bool, in one conversion pass plus one counting pass: its
-    values are all 0 or 1 exactly when its non-zeros are exactly its ones (NaN counts as a
-    non-zero that is not a one)."""
-    ones = mask == 1
-    if int(torch.count_nonzero(mask)) != int(torch.count_nonzero(ones)):
+    """A 0/1 float or int mask as bool. Its values are all 0 or 1 exactly when they lie in
+    [0, 1] (NaN fails the test) and have no fractional part: one min/max pass, and for floats
+    one `frac` pass and its max. Cheaper than comparing with 1 and counting (a trainer's float
+    mask is checked on every loss call); -0.0 counts as 0, a subnormal as a fraction."""
+    if mask.numel() == 0 or mask.is_complex() or mask.dtype not in _FAST_MASK_DTYPES:
+        ones = mask == 1  # empty, complex or a rare dtype: count the non-zeros that are not 1
+        if int(torch.count_nonzero(mask)) != int(torch.count_nonzero(ones)):
+            raise ValueError("mask must be bool or hold only 0 and 1")
+        return ones
+    low, high = torch.aminmax(mask)
+    valid = (low >= 0) & (high <= 1)
+    if mask.is_floating_point():
+        valid &= mask.frac().amax() == 0
+    if not bool(valid):
         raise ValueError("mask must be bool or hold only 0 and 1")
-    return ones
+    return mask.bool()
 
 
 def check_is_weight(is_weight, mask, dtype):
@@ -101,6 +128,13 @@ def check_is_weight(is_weight, mask, dtype):
     return w
 
 
+def row_counts(mask):
+    """The real tokens of each row of a bool mask, as int32: a bool `sum` would first widen the
+    whole mask to int64, a pass as slow as the sum itself. Divided into a float, the count is
+    converted exactly, so every value is as with int64."""
+    return mask.sum(-1, dtype=torch.int32)
+
+
 def token_log_ratio(logp, logp_old, mask):
     """log ρ_t = logp − logp_old, zero on masked tokens (so padding never makes NaN)."""
     # in place on the fresh difference: one [B, T] temporary fewer at the peak
@@ -109,7 +143,7 @@ def token_log_ratio(logp, logp_old, mask):
 
 def sequence_log_ratio(logp, logp_old, mask):
     """log ρ_s = Σ_t m·(logp − logp_old) / Σ_t m: the log of the geometric mean of token ratios."""
-    lengths = mask.sum(-1).clamp(min=1)
+    lengths = row_counts(mask).clamp(min=1)
     return token_log_ratio(logp, logp_old, mask).sum(-1) / lengths
 
 
@@ -149,8 +183,8 @@ def aggregate(values, mask, agg):
     mask = check_mask(mask, shape)
     masked = torch.where(mask, values, 0.0)
     if agg == "token-mean":
-        return masked.sum() / mask.sum().clamp(min=1)
-    lengths = mask.sum(-1)
+        return masked.sum() / torch.count_nonzero(mask).clamp(min=1)
+    lengths = row_counts(mask)
     per_seq = masked.sum(-1)
     if agg == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)

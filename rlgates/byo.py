@@ -159,8 +159,7 @@ def _ragged_batch(seed, scale, B=6, T=9, dtype=torch.float64):
     adv = torch.randn(B, generator=g, dtype=dtype)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[1] = 0  # one fully masked sequence
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    return logp, logp_old, adv, mask
+    return logp, logp_old, adv, nx.ragged_mask(lengths, T)
 
 
 def verify(method, seeds=(0, 1, 2), scales=(0.3, 1.0), grid_lim=2.0, n=401) -> Verification:

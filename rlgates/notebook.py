@@ -1,4 +1,5 @@
-"""What the first cell of every chapter does: seeds, plotting style, device."""
+"""What the chapters call: `setup` (seeds, plotting style, device) and `show_source` (the library's
+own code, shown where a chapter teaches it)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,43 @@ def _sharp_inline_figures(scale: float = IMAGE_SCALE) -> bool:
     ip.display_formatter.formatters["image/png"].for_type(
         Figure, lambda fig: figure_png(fig, scale))
     return True
+
+
+def _without_docstring(source: str) -> str:
+    """A def's or class's source with its docstring's lines removed (if it has one)."""
+    import ast
+
+    node = ast.parse(source).body[0]
+    first = node.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)) or len(node.body) == 1:
+        return source
+    lines = source.splitlines()
+    return "\n".join(lines[:first.lineno - 1] + lines[first.end_lineno:])
+
+
+def source_text(*objs, docstrings: bool = False) -> str:
+    """The source of functions, methods or classes, each headed by the name it is defined under
+    (`# rlgates.methods.clip.SignClip._gate`), without docstrings unless asked."""
+    import inspect
+    import textwrap
+
+    parts = []
+    for obj in objs:
+        fn = inspect.unwrap(getattr(obj, "__func__", obj))  # a bound method: its function
+        code = textwrap.dedent(inspect.getsource(fn))
+        code = code if docstrings else _without_docstring(code)
+        parts.append(f"# {fn.__module__}.{fn.__qualname__}\n{code.rstrip()}")
+    return "\n\n".join(parts)
+
+
+def show_source(*objs, docstrings: bool = False):
+    """The library's code, shown in a chapter as a highlighted Python block (a Markdown output:
+    the book and Jupyter both render it). It is read from the running objects
+    (`inspect.getsource`), so what the page shows is the code that runs."""
+    from IPython.display import Markdown
+
+    return Markdown("```python\n" + source_text(*objs, docstrings=docstrings) + "\n```")
 
 
 def setup(seed: int = 0, verbose: bool = True) -> torch.device:

@@ -3,14 +3,18 @@
     pytest --nbval-lax -p nbval_record --nbval-record DIR chapters      (scripts/ on sys.path)
 
 nbval runs each code cell in a kernel and keeps the cell's outputs on the test item
-(`IPyNbCell.test_outputs`). This plugin copies them into the notebook nbval read, and when the last
-cell of a notebook has run, and every cell passed, writes the executed notebook to
-DIR/<notebook's path relative to the rootdir>. `scripts/prime_cache.py` then puts those notebooks
-into the book's jupyter-cache, so that `jupyter-book build` (execute_notebooks: cache) takes their
-outputs, glue values included, instead of executing again.
+(`IPyNbCell.test_outputs`). This plugin copies them into the notebook nbval read, adds the
+kernel's language_info (as Jupyter and myst-nb do when they execute a notebook: the book's code
+highlighting reads it), and when the last cell of a notebook has run, and every cell passed,
+writes the executed notebook to DIR/<notebook's path relative to the rootdir>.
+`scripts/prime_cache.py` then puts those notebooks into the book's jupyter-cache, so that
+`jupyter-book build` (execute_notebooks: cache) takes their outputs, glue values included,
+instead of executing again.
 
 Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
 order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
+At the end it prints each notebook's time (its cells' setup, call and teardown, kernel start
+included), slowest first: what to look at when the notebooks step is slow.
 nbval drops `clear_output` and `update_display_data` messages (it prints "unhandled iopub msg"):
 a chapter that used them would show every intermediate output. None does today.
 """
@@ -22,6 +26,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+_SECONDS: dict[str, float] = {}  # notebook path -> seconds, summed from the reports
+
 
 def pytest_addoption(parser):
     parser.getgroup("nbval").addoption(
@@ -31,6 +37,17 @@ def pytest_addoption(parser):
 
 def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell" and hasattr(item, "test_outputs")
+
+
+def _language_info(kernel, timeout=60):
+    """The kernel's language_info, as an executed notebook records it (Jupyter and myst-nb
+    write it; the book's code highlighting reads its pygments_lexer, ipython3). nbval skips the
+    shell and iopub messages of a request it did not send."""
+    msg_id = kernel.kc.kernel_info()
+    while True:
+        msg = kernel.get_message(stream="shell", timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return nbformat.from_dict(msg["content"]["language_info"])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,6 +61,8 @@ def pytest_runtest_makereport(item, call):
     if not report.passed or item.test_outputs is None:
         state["ok"] = False
         return
+    if state["ran"] == 0:
+        nb_file.nb.metadata["language_info"] = _language_info(nb_file.kernel)
     state["count"] += 1
     state["ran"] += 1
     item.cell.outputs = [nbformat.from_dict(dict(o)) for o in item.test_outputs]
@@ -70,3 +89,18 @@ def pytest_runtest_protocol(item, nextitem):
     out = Path(root) / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb_file.nb, str(out))
+
+
+def pytest_runtest_logreport(report):
+    """Sum each notebook's time (under xdist the controller sees every worker's reports)."""
+    path = report.nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        _SECONDS[path] = _SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SECONDS:
+        return
+    terminalreporter.write_sep("-", "seconds per notebook (kernel start included)")
+    for path, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:7.1f}  {path}")

@@ -20,8 +20,7 @@ def make_batch(B=6, T=9, scale=0.3, seed=0, dtype=torch.float64, per_token_adv=F
     adv = torch.randn(*shape, generator=g, dtype=dtype)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[1] = 0  # a fully masked sequence
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    return logp, logp_old, adv, mask
+    return logp, logp_old, adv, rlgates.ragged_mask(lengths, T)
 
 
 @pytest.fixture(params=METHODS)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rlgates
-from rlgates import reference
+from rlgates import reference, trainers
 from tests.conftest import METHODS, away_from_kinks, make_batch, straddle_edges
 
 
@@ -123,11 +123,28 @@ def test_default_aggregation_is_the_methods_own(name):
     assert m.agg in rlgates.AGG_MODES and m.agg_source
 
 
-def test_the_defaults_follow_the_papers_and_match_the_trainers():
-    expected = {"grpo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean",
-                "sapo": "seq-mean-token-mean"}
-    for n in METHODS:
-        assert rlgates.get(n).agg == expected.get(n, "token-mean"), n
+def _verl_agg_disagrees(m):
+    """verl's loss_agg_mode in the method's trainer flags, where it is not the method's `agg`."""
+    verl = trainers.flags(m)["verl"]
+    mode = verl.get("loss_agg_mode") if verl else None
+    return mode if mode not in (None, m.agg) else None
+
+
+def test_the_defaults_follow_the_papers_and_match_the_trainers(name):
+    """Read from the class, not listed here: the default is the paper's convention (agg_source
+    says which), and where verl's built-in loss computes the method, the flags that make it do
+    so (checked against verl in tests/test_trainer_facts.py) name the same aggregation."""
+    m = rlgates.get(name)
+    assert m.agg in rlgates.AGG_MODES and len(m.agg_source) > 20
+    assert _verl_agg_disagrees(m) is None, (name, m.agg)
+
+
+def test_a_default_that_disagrees_with_its_trainer_flags_is_caught():
+    class SeqPPO(type(rlgates.get("ppo"))):  # PPO's flags say token-mean
+        agg = "seq-mean-token-mean"
+
+    assert _verl_agg_disagrees(SeqPPO()) == "token-mean"
+    assert _verl_agg_disagrees(rlgates.get("ppo")) is None
 
 
 def test_is_weight_multiplies_the_gradient(name, agg):

@@ -240,3 +240,19 @@ def test_every_mask_taker_accepts_a_float_01_mask_as_its_bool(caller):
                        if isinstance(t, torch.Tensor)])
     for a, b in zip(flat(got), flat(want), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=0, equal_nan=True), caller
+
+
+def test_ragged_mask_is_the_first_lengths_tokens():
+    lengths = torch.tensor([3, 0, 5, 1])
+    mask = rlgates.ragged_mask(lengths, 5)
+    # written out by hand, row by row
+    assert mask.tolist() == [[True] * 3 + [False] * 2, [False] * 5, [True] * 5,
+                             [True] + [False] * 4]
+    assert mask.dtype == torch.bool and mask.sum(1).tolist() == lengths.tolist()
+    assert torch.equal(rlgates.ragged_mask([3, 0, 5, 1]), mask)  # T: the longest length
+    assert rlgates.ragged_mask(lengths, 7).shape == (4, 7)
+    # negative control: equal lengths give a full mask, so the ragged one above is not vacuous
+    assert rlgates.ragged_mask([5, 5, 5, 5], 5).all() and not mask.all()
+    for bad in ([-1, 2], [2, 6], [[1, 2]], [1.0, 2.0]):
+        with pytest.raises(ValueError, match="lengths"):
+            rlgates.ragged_mask(bad, 5)

@@ -227,6 +227,14 @@ def test_interval_and_verdict_words():
     assert lab.verdict({"lo": 0.1, "hi": 0.3}) == "higher"
     assert lab.verdict({"lo": -0.3, "hi": -0.1}) == "lower"
     assert lab.verdict({"lo": -0.1, "hi": 0.3}) == "no difference detected"
+    assert iv["half"] == pytest.approx(iv["hi"] - iv["mean"]) and iv["half"] > 0
+    assert lab.format_interval(iv) == lab.format_interval([1.0, 2.0, 3.0, 4.0])
+    assert lab.format_interval(iv, ".2f") == f"2.50 [{iv['lo']:.2f}, {iv['hi']:.2f}]"
+    # a ratio's null is 1: the same interval above 0 is "no difference" against 1
+    ratio = {"lo": 0.9, "hi": 1.3}
+    assert lab.verdict(ratio) == "higher" and lab.verdict(ratio, null=1.0) == (
+        "no difference detected")
+    assert lab.verdict({"lo": 1.1, "hi": 1.3}, null=1.0) == "higher"
 
 
 def test_reward_on_hand_made_sequences():

@@ -146,3 +146,35 @@ def test_markdown_table_escapes_pipes_and_checks_widths():
     assert {len(re.findall(r"(?<!\\)\|", line)) for line in lines} == {4}
     with pytest.raises(ValueError, match="2 cells"):
         tables.markdown([("only", "two")], ("a", "b", "c"))
+
+
+def test_markdown_table_formats_numbers_and_escapes_once():
+    md = rlgates.tables.markdown([(1, "x | y"), (0.12345, r"already \| escaped")], ["a", "b|c"],
+                                 fmt=".2f")
+    assert md.splitlines() == ["| a | b\\|c |", "| --- | --- |", "| 1.00 | x \\| y |",
+                               "| 0.12 | already \\| escaped |"]
+    assert rlgates.tables.markdown([(3, True)], ["n", "flag"]).splitlines()[2] == "| 3 | True |"
+    # negative control: a row with a missing cell is refused, not silently shifted
+    with pytest.raises(ValueError, match="row 1 has 1 cells"):
+        rlgates.tables.markdown([(1, 2), (3,)], ["a", "b"])
+
+
+def test_readme_method_table_is_generated_from_the_registry():
+    """README.md's method table is scripts/readme_methods.py's output: one row per registered
+    method, in `names()` order; a stale README fails here."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import readme_methods
+
+    text = (root / "README.md").read_text(encoding="utf-8")
+    assert readme_methods.generated(text) == text, "run python scripts/readme_methods.py"
+    table = rlgates.tables.methods_table().splitlines()
+    assert [row.split(" | ")[0].strip("| `") for row in table[2:]] == METHODS
+    for name in METHODS:
+        assert rlgates.get(name).gate_text in text
+    # negative control: a README whose table lost a row is not the generated one
+    stale = text.replace(table[-1] + "\n", "")
+    assert stale != text and readme_methods.generated(stale) == text

@@ -521,6 +521,8 @@ def test_nbval_record_and_prime_cache(tmp_path):
     nb = nbformat.read(str(out / "nb" / "good.ipynb"), as_version=4)
     outputs = [c.outputs for c in nb.cells]
     assert [c.execution_count for c in nb.cells] == [1, 2, 3, 4]
+    # the kernel's language_info, as an executed notebook has it: the book highlights with it
+    assert nb.metadata["language_info"]["pygments_lexer"] == "ipython3"
     assert outputs[1][0]["metadata"]["scrapbook"]["name"] == "x"
     assert outputs[2][0]["output_type"] == "execute_result"
     assert outputs[2][0]["data"]["text/plain"] == "6"

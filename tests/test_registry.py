@@ -66,6 +66,8 @@ def test_registered_everywhere(registered):
     assert "Half-Gaussian gate (a test)" in rlgates.table()
     assert "Half-Gaussian gate" not in rlgates.table(article=True)
     assert registered in rlgates.defaults_table()
+    assert f"| `{registered}` | `sigma` (0.5) | seq-mean-token-mean | $" in (
+        rlgates.tables.methods_table())  # the README's table; no gate_text: its LaTeX
     assert rlgates.lab.default_agg(registered) == "seq-mean-token-mean"
     assert rlgates.lab.method_color(registered, "C0") == "#123456"
     entry = {e["name"]: e for e in explorer_data()["methods"]}[registered]
@@ -94,6 +96,7 @@ def test_it_passes_every_generic_check(registered):
     generic.test_finite_differences_of_f_times_a(registered)
     generic.test_gate_is_the_derivative_of_the_weight(registered)
     generic.test_default_aggregation_is_the_methods_own(registered)
+    generic.test_the_defaults_follow_the_papers_and_match_the_trainers(registered)
 
 
 def test_unregister_undoes_it(registered):
@@ -110,3 +113,48 @@ def test_register_refuses_a_clash_and_a_bad_name():
     with pytest.raises(ValueError, match="lowercase"):
         rlgates.register(type("Bad", (HalfGaussian,), {"name": "Bad"}))
     assert "half_gauss" not in rlgates.names()
+
+
+def test_shown_source_is_the_code_that_runs(registered):
+    """What a chapter shows with `rlgates.show_source` is the running gate: the shown text,
+    executed in its module, computes the method's gate bit for bit (the test's method too)."""
+    import inspect
+    import sys
+
+    from rlgates.notebook import source_text
+
+    ratio = torch.linspace(-3, 3, 241, dtype=torch.float64).exp()[:, None]
+    adv = torch.tensor([-1.0, -0.2, 0.0, 0.5, 1.0], dtype=torch.float64)[None, :]
+    shown = {}
+    for name in rlgates.names():
+        m = rlgates.get(name)
+        fn = inspect.unwrap(m._gate.__func__)
+        text = source_text(m._gate)
+        assert text.startswith(f"# {fn.__module__}.{fn.__qualname__}\n") and '"""' not in text
+        scope = dict(vars(sys.modules[fn.__module__]))
+        exec(compile(text, f"<shown {name}>", "exec"), scope)
+        shown[name] = scope["_gate"]
+        assert torch.equal(shown[name](m, ratio, adv), m.gate(ratio, adv)), name
+    # negative control: another method's shown gate gives other values on this grid
+    sapo = rlgates.get("sapo")
+    assert not torch.equal(shown["ppo"](rlgates.get("ppo"), ratio, adv), sapo.gate(ratio, adv))
+    helper = rlgates.methods.smooth._sech2_half
+    assert '"""' in source_text(helper, docstrings=True) and '"""' not in source_text(helper)
+    md = rlgates.show_source(sapo._gate, helper)._repr_markdown_()
+    assert md.startswith("```python\n# rlgates.methods.smooth.SAPO._gate\n") and md.endswith("```")
+
+
+def test_the_methods_package_exports_and_names_every_registered_class():
+    """rlgates.methods re-exports each class (the API page documents its __all__) and its
+    docstring names each method on its module's line: checked here against the registry."""
+    import re
+
+    lines = rlgates.methods.__doc__.splitlines()
+    for name, cls in rlgates.REGISTRY.items():
+        assert getattr(rlgates.methods, cls.__name__) is cls, name
+        assert cls.__name__ in rlgates.methods.__all__, name
+        module = cls.__module__.rsplit(".", 1)[1] + ".py"
+        line = next(ln for ln in lines if ln.strip().startswith(module))
+        assert re.search(rf"\b{name}\b", line), (name, line)
+    # negative control: a made-up method is on no line
+    assert not any(re.search(r"\bhalf_gauss\b", ln) for ln in lines)

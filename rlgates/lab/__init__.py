@@ -31,6 +31,7 @@ from .loop import (
 )
 from .report import (
     curves,
+    format_interval,
     interval,
     method_color,
     paired_difference,
@@ -43,7 +44,8 @@ from .task import PatternTask
 
 __all__ = [
     "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
-    "interval", "method_color", "method_name", "metric_doc", "paired_difference", "paired_table",
-    "plot_runs", "plot_shut_by_sign", "resolve", "rollout", "run_many", "summary",
+    "format_interval", "interval", "method_color", "method_name", "metric_doc",
+    "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
+    "run_many", "summary",
     "summary_table", "summed_loss", "train", "verdict", "loop", "report", "task",
 ]

@@ -11,6 +11,7 @@ import math
 import torch
 
 from ..methods import REGISTRY
+from ..tables import markdown
 
 #: Two-sided 95 % Student-t quantiles t_{0.975, df} for df = 1 … 30.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -29,13 +30,21 @@ def t975(df: int) -> float:
 
 
 def interval(values) -> dict:
-    """Mean and 95 % Student-t interval of independent values: {mean, lo, hi, std, n}."""
+    """Mean and 95 % Student-t interval of independent values: {mean, lo, hi, half, std, n}
+    (half: the half-width, hi − mean)."""
     v = torch.as_tensor(values, dtype=torch.float64).flatten()
     n = v.numel()
     mean = float(v.mean())
     std = float(v.std()) if n > 1 else math.nan
     half = t975(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "std": std, "n": n}
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "half": half, "std": std, "n": n}
+
+
+def format_interval(iv, fmt=".3f") -> str:
+    """"mean [lo, hi]" of an `interval(...)` dict, or of the values to take one of."""
+    if not isinstance(iv, dict):
+        iv = interval(iv)
+    return f"{iv['mean']:{fmt}} [{iv['lo']:{fmt}}, {iv['hi']:{fmt}}]"
 
 
 def curves(results, key):
@@ -70,7 +79,7 @@ def paired_difference(runs: dict, a: str, b: str, key="reward", last=5) -> dict:
 def verdict(diff: dict, higher="higher", lower="lower", same="no difference detected",
             null=0.0) -> str:
     """A word from an interval: `higher` if it lies above `null`, `lower` if below, else `same`.
-    null: 0 for a difference, 1 for a ratio."""
+    null: the value of no effect (0 for a difference, 1 for a ratio)."""
     if diff["lo"] > null:
         return higher
     if diff["hi"] < null:
@@ -83,32 +92,25 @@ def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_rat
     """A Markdown table: per method, mean [95 % interval] over seeds of each final value."""
     s = summary(runs, keys, last)
     n = len(next(iter(runs.values())))
-    head = "| method | " + " | ".join(keys) + " |"
-    rows = [head, "|" + " --- |" * (len(keys) + 1)]
-    for label, stats in s.items():
-        cells = [f"{st['mean']:{fmt}} [{st['lo']:{fmt}}, {st['hi']:{fmt}}]"
-                 for st in (stats[k] for k in keys)]
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
-    return ("\n".join(rows) + f"\n\nmean [95 % interval] over {n} seeds of each run's mean "
-            f"over its last {last} steps.")
+    rows = [[label] + [format_interval(stats[k], fmt) for k in keys] for label, stats in s.items()]
+    return (markdown(rows, ["method", *keys]) + f"\n\nmean [95 % interval] over {n} seeds "
+            f"of each run's mean over its last {last} steps.")
 
 
 def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
                  fmt="+.3f") -> str:
     """A Markdown table of paired differences (each label − `baseline`, seed by seed): mean
     [95 % interval] and the verdict word of each."""
-    rows = [f"| − {baseline} | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    rows = []
     for label in runs:
         if label == baseline:
             continue
-        cells = []
-        for key in keys:
-            d = paired_difference(runs, label, baseline, key, last)
-            cells.append(f"{d['mean']:{fmt}} [{d['lo']:{fmt}}, {d['hi']:{fmt}}] {verdict(d)}")
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        diffs = [paired_difference(runs, label, baseline, key, last) for key in keys]
+        rows.append([label] + [f"{format_interval(d, fmt)} {verdict(d)}" for d in diffs])
     n = len(runs[baseline])
-    return ("\n".join(rows) + f"\n\nPaired differences over {n} common seeds: mean [95 % "
-            f"interval] of each run's mean over its last {last} steps minus its baseline's.")
+    return (markdown(rows, [f"− {baseline}", *keys]) + f"\n\nPaired differences over "
+            f"{n} common seeds: mean [95 % interval] of each run's mean over its last {last} "
+            "steps minus its baseline's.")
 
 
 def method_color(label, fallback="C0"):
@@ -118,5 +120,5 @@ def method_color(label, fallback="C0"):
     return getattr(cls, "color", None) or fallback
 
 
-__all__ = ["curves", "finals", "interval", "method_color", "paired_difference", "paired_table",
-           "summary", "summary_table", "t975", "verdict"]
+__all__ = ["curves", "finals", "format_interval", "interval", "method_color", "paired_difference",
+           "paired_table", "summary", "summary_table", "t975", "verdict"]

@@ -18,5 +18,6 @@ from .smooth import SAPO
 from .weight_clip import CISPO
 from .window import SAO
 
-__all__ = ["CISPO", "DAPO", "GRPO", "GSPO", "PPO", "REGISTRY", "SAO", "SAPO", "DualClip",
-           "Method", "Reinforce", "SignClip", "get", "names", "register", "unregister"]
+# the classes in reading order (the API page follows it), then the registry's functions
+__all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
+           "Reinforce", "Method", "REGISTRY", "get", "names", "register", "unregister"]

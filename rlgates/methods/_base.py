@@ -110,6 +110,7 @@ class Method:
     # --- Table 1 --------------------------------------------------------------------------------
     f_latex = ""
     gate_latex = ""
+    gate_text = ""  # f' in plain text, for the README's table (empty: gate_latex is shown)
     insight = ""
 
     def __init__(self, **hparams):

@@ -76,6 +76,7 @@ class PPO(SignClip):
                r"\max(\rho_t,\,1-\epsilon) & A_t\le 0\end{cases}")
     gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon]"
                   r"\\+\,\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon]\end{gathered}")
+    gate_text = "1[A>0, ρ<1+ε] + 1[A<0, ρ>1−ε]"
     insight = (
         "A hard gate whose open side depends on the sign of A: a token stops once it has "
         "moved far enough."
@@ -103,6 +104,7 @@ class GRPO(PPO):
                 "importance_sampling_level": "token"},
     }
     color = "#d95f02"
+    gate_text = "PPO's"
     insight = (
         "PPO's gate unchanged; what is new is the advantage, normalised within a group of "
         "G samples."
@@ -128,6 +130,7 @@ class DAPO(SignClip):
                r"\max(\rho_t,\,1-\epsilon_l) & A_t\le 0\end{cases}")
     gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
                   r"\\+\,\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon_l]\end{gathered}")
+    gate_text = "1[A>0, ρ<1+ε_h] + 1[A<0, ρ>1−ε_l]"
     insight = (
         "Clip-higher: a larger ε_h keeps the gate open longer for tokens the policy is "
         "learning to prefer, often rare ones."
@@ -166,6 +169,7 @@ class GSPO(SignClip):
                r"\max(\rho_s,\,1-\epsilon_l) & A_s\le 0\end{cases}")
     gate_latex = (r"\begin{gathered}\mathbf{1}[A_s>0,\ \rho_s<1+\epsilon_h]"
                   r"\\+\,\mathbf{1}[A_s<0,\ \rho_s>1-\epsilon_l]\end{gathered}")
+    gate_text = "DAPO's, at the sequence ratio ρ_s (geometric mean)"
     insight = (
         "Accept or reject whole responses, judged by their geometric-mean ratio, with a "
         "tiny ε."
@@ -211,6 +215,7 @@ class DualClip(PPO):
                r"\min\!\big(\max(\rho_t,\,1-\epsilon),\,c\big) & A_t\le 0\end{cases}")
     gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon]"
                   r"\\+\,\mathbf{1}[A_t<0,\ 1-\epsilon<\rho_t<c]\end{gathered}")
+    gate_text = "PPO's, and 0 for A<0 once ρ ≥ c"
     insight = (
         "PPO plus a ceiling for bad tokens: a negative-advantage token whose ratio has run past c "
         "stops pushing, so one stale token cannot dominate the batch."

@@ -24,6 +24,7 @@ class Reinforce(Method):
     explorer = {"gate": "1", "bounds": "[]"}
     f_latex = r"\rho_t"
     gate_latex = r"1"
+    gate_text = "1"
     insight = (
         "No gate at all: every token passes, however far its ratio has moved. The baseline the "
         "other gates are measured against."

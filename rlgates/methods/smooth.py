@@ -79,6 +79,7 @@ class SAPO(Method):
     gate_latex = (r"\begin{gathered}4\sigma\big(\tau_t(\rho_t-1)\big)"
                   r"\big(1-\sigma(\tau_t(\rho_t-1))\big)"
                   r"\\=\operatorname{sech}^2\!\big(\tfrac{\tau_t(\rho_t-1)}{2}\big)\end{gathered}")
+    gate_text = "sech²(τ(ρ−1)/2), τ by the sign of A"
     insight = (
         "A bell-shaped gate with no edge; the negative side uses a slightly larger "
         "temperature, so tokens with a negative advantage lose trust sooner."

@@ -59,6 +59,7 @@ class CISPO(Method):
                r"+1\quad\big(\text{loss: }\operatorname{sg}[\operatorname{clip}(\rho_t)]"
                r"\,A_t\log\pi_\theta\big)")
     gate_latex = r"\operatorname{clip}(\rho_t,\,1-\epsilon_l,\,1+\epsilon_h)\,/\,\rho_t"
+    gate_text = "clip(ρ, 1−ε_l, 1+ε_h)/ρ (never 0)"
     insight = (
         "Clip the weight, not the token: a token far outside the window still gets a bounded "
         "gradient, so rare tokens keep learning."

@@ -40,6 +40,7 @@ class SAO(Method):
     }
     f_latex = r"\operatorname{clip}(\rho_t,\,1-\epsilon_l,\,1+\epsilon_h)"
     gate_latex = r"\mathbf{1}[1-\epsilon_l<\rho_t<1+\epsilon_h]"
+    gate_text = "1[1−ε_l < ρ < 1+ε_h], whatever the sign of A"
     insight = (
         "One window for every token, whatever its advantage: a ratio outside (1−ε_l, "
         "1+ε_h) is treated as stale data and passes nothing."

@@ -116,11 +116,11 @@ def flag_rows(names=None):
 def flag_table(names=None) -> str:
     """The flag table as Markdown: per method (at its defaults), the verl and TRL settings that
     make each trainer's built-in loss compute it, and the versions they were tested with."""
-    head = (f"| method | verl {TESTED_VERSIONS['verl']} | TRL {TESTED_VERSIONS['trl']} |\n"
-            "| --- | --- | --- |\n")
-    return head + "\n".join(
-        f"| `{n}` | {v.replace(', ', '; ')} | {t.replace(', ', '; ')} |"
-        for n, v, t in flag_rows(names))
+    from ..tables import markdown
+
+    head = ("method", f"verl {TESTED_VERSIONS['verl']}", f"TRL {TESTED_VERSIONS['trl']}")
+    return markdown(((f"`{n}`", v.replace(", ", "; "), t.replace(", ", "; "))
+                     for n, v, t in flag_rows(names)), head)
 
 
 def _local_count(mask, agg):

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from bookserver import SCREENSHOTS
 from PIL import Image
-from test_book import DESKTOP, PHONE, Tab, pages
+from test_book import DESKTOP, MEASURE, PHONE, Tab, desktop_visit, layout_pages, pages
 
 from rlgates.notebook import FONT_SIZE
 
@@ -26,54 +26,6 @@ pytestmark = pytest.mark.browser
 MIN_TEXT_PX = 9.0  # figure text as displayed at 1280 px
 TABLE1_ROW_MAX_PX = 230  # the review found Table 1 rows 230-490 px tall
 
-# Everything measured on one page, after MathJax and book.js have laid it out.
-MEASURE = r"""async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
-  if (window.RLGatesBook) window.RLGatesBook.layout();
-  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
-  const art = document.querySelector('article.bd-article');
-  const R = el => el.getBoundingClientRect();
-  const figures = [...art.querySelectorAll('.cell_output img')].map(i => ({
-    src: i.currentSrc || i.src, natural: i.naturalWidth, shown: R(i).width,
-    ratio: (R(i).height / R(i).width) / (i.naturalHeight / i.naturalWidth),
-    link: i.closest('a') ? i.closest('a').href : null,
-    caption: ((i.closest('figure') || {}).textContent || '').trim().slice(0, 60)}));
-  const code = [...art.querySelectorAll('div.highlight pre')].filter(p => !p.closest('.cell_output'))
-    .map(p => {
-    const lines = p.textContent.replace(/\n$/, '').split('\n');
-    const probe = document.createElement('span');
-    probe.textContent = '0'.repeat(80);
-    probe.style.cssText = 'position:absolute;visibility:hidden;white-space:pre';
-    p.appendChild(probe);
-    const cols80 = R(probe).width;
-    probe.remove();
-    const cs = getComputedStyle(p);
-    return {scroll: p.scrollWidth, client: p.clientWidth, cols80,
-            inner: p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
-            longest: Math.max(...lines.map(l => l.length)),
-            first: lines[0].slice(0, 60)};
-  });
-  const equations = [...art.querySelectorAll('mjx-container[display="true"]')]
-    .filter(m => !m.closest('table'))
-    .map(m => ({scroll: m.scrollWidth, client: m.clientWidth, scale: m.style.fontSize || '100%',
-                tex: (m.parentElement.textContent || '').slice(0, 50)}));
-  const tables = [...art.querySelectorAll('table.rlg-table1')].map(t => {
-    const cells = [...t.querySelectorAll('tbody td')];
-    const rows = [];
-    for (let k = 0; k + 3 < cells.length; k += 4)
-      rows.push({method: cells[k].textContent.trim(),
-                 height: R(cells[k + 3]).bottom - Math.min(R(cells[k]).top, R(cells[k + 1]).top)});
-    return {stacked: t.classList.contains('rlg-stacked'), width: R(t).width,
-            box: t.parentElement.clientWidth, rows,
-            overflow: cells.filter(c => c.scrollWidth > c.clientWidth + 1)
-              .map(c => [c.textContent.trim().slice(0, 40), c.scrollWidth, c.clientWidth])};
-  });
-  const streams = [...art.querySelectorAll('.cell_output')].map(o =>
-    [o.querySelectorAll(':scope > .output.stream').length,
-     o.querySelectorAll(':scope > .output.stderr').length]);
-  return {figures, code, equations, tables, streams,
-          overflow: document.documentElement.scrollWidth - innerWidth};
-}"""
 
 
 def png_text(book_dir: Path, src: str) -> dict:
@@ -85,19 +37,20 @@ def png_text(book_dir: Path, src: str) -> dict:
 
 @pytest.fixture(scope="module")
 def measured(book_dir, base_url, browser):
-    """Every chapter page and the index, measured at 1280 px and at 390 px."""
+    """Every chapter page and the index, measured at 1280 px (in test_book's one visit of every
+    page at that width) and at 390 px."""
     from bookserver import Offline
 
-    targets = [p for p in pages(book_dir) if p.startswith("chapters/") or p == "index.html"]
-    out, problems = {}, []
-    for label, viewport, kw in (("desktop", DESKTOP, {}),
-                                ("phone", PHONE, {"is_mobile": True, "has_touch": True})):
-        ctx = Offline(browser, viewport=viewport, **kw)
-        tab = Tab(ctx, problems)
-        for rel in targets:
-            out[label, rel] = tab.open(base_url + rel, f"{rel} {label}").evaluate(MEASURE)
-        tab.page.close()
-        ctx.close()
+    visit = desktop_visit(book_dir, base_url, browser)
+    assert not visit["problems"], visit["problems"]
+    out = {("desktop", rel): m for rel, m in visit["measured"].items()}
+    problems = []
+    ctx = Offline(browser, viewport=PHONE, is_mobile=True, has_touch=True)
+    tab = Tab(ctx, problems)
+    for rel in layout_pages(book_dir):
+        out["phone", rel] = tab.open(base_url + rel, f"{rel} phone").evaluate(MEASURE)
+    tab.page.close()
+    ctx.close()
     assert not problems, problems
     return out
 
