@@ -2,6 +2,7 @@
  *
  * 1. Wide math fits its column: once MathJax has typeset the page (and on resize), a display
  *    equation wider than the column is scaled down, to at most MIN_SCALE; beyond that it scrolls.
+ *    So does an inline formula wider than its line (book.css: rlg-wide).
  * 2. Table 1 (rlgates.table(), laid out as a grid by book.css) stacks f and f' under the method's
  *    name when side by side they would not fit, instead of cutting a formula.
  * 3. Search results: the excerpt under each hit is read from the page's article text, with TeX
@@ -43,6 +44,17 @@
     });
     document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach(function (m) {
       if (!m.closest("table")) fit(m, m);
+    });
+    // an inline formula wider than its whole line (a phone) gets a box of its own that scrolls
+    document.querySelectorAll('.bd-article mjx-container:not([display="true"])').forEach(function (m) {
+      if (m.closest("table.rlg-table1")) return;
+      m.classList.remove("rlg-wide");  // (its font size stays MathJax's own)
+      var line = m.parentElement;
+      while (line && getComputedStyle(line).display.indexOf("inline") === 0) line = line.parentElement;
+      if (!line) return;
+      var cs = getComputedStyle(line);
+      var have = line.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      if (width(m) > have + 1) m.classList.add("rlg-wide");
     });
   }
 

@@ -1,0 +1,108 @@
+"""What a reader meets on every page, at 390 px (phone) and 1280 px (laptop): no formula cut
+off, no page wider than the phone, numbered exercises and solutions that name them, and no
+Markdown table printed as text.
+
+A formula is cut when part of it can be neither seen nor scrolled to: its drawing starts left of
+its box (a centred formula wider than its box spills out to the left, where no scroll bar
+reaches), ends right of what its box shows or scrolls to, or its box sticks out of a box that
+clips it or out of the screen. Page width is read from the layout itself
+(`documentElement.scrollWidth` against the 390 px the phone shows), not from `innerWidth`, which
+mobile emulation widens to fit a too-wide page.
+
+Run: `python -m pytest tests/browser -m browser` after `python3 tasks.py book` (or set BOOK_HTML).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_book import DESKTOP, PHONE, Tab, pages
+
+pytestmark = pytest.mark.browser
+
+# Every formula (and the page's width), measured after MathJax and book.js laid it out.
+FORMULAS = r"""async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });  // solutions too
+  if (window.RLGatesBook) window.RLGatesBook.layout();
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const doc = document.documentElement, screen = doc.clientWidth;
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const cut = [];
+  for (const m of document.querySelectorAll('mjx-container')) {
+    if (!m.getClientRects().length) continue;  // not shown
+    const box = m.getBoundingClientRect();
+    let left = Infinity, right = -Infinity;
+    for (const el of m.querySelectorAll('mjx-math, mjx-math *')) {  // not the hidden MathML
+      const r = el.getBoundingClientRect();
+      if (r.width > 0 && r.height > 0) { left = Math.min(left, r.left); right = Math.max(right, r.right); }
+    }
+    if (left === Infinity) continue;
+    const why = [];
+    if (scrolls(m) || m.getAttribute('display') === 'true') {  // a box of its own
+      const shows = box.left + (scrolls(m) ? m.scrollWidth : m.clientWidth) - m.scrollLeft;
+      if (left < box.left - 1) why.push(`starts ${Math.round(box.left - left)} px left of its box`);
+      if (right > shows + 1) why.push(`ends ${Math.round(right - shows)} px past what its box shows`);
+    }
+    // the nearest box that clips it: the formula's box lies in what that box shows or scrolls to
+    let a = m.parentElement;
+    while (a && a !== doc && getComputedStyle(a).overflowX === 'visible') a = a.parentElement;
+    const r = a && a !== doc ? a.getBoundingClientRect() : {left: 0, right: screen};
+    const from = a && a !== doc && scrolls(a) ? r.left - a.scrollLeft : r.left;
+    const to = a && a !== doc && scrolls(a) ? from + a.scrollWidth : r.right;
+    if (box.left < from - 1 || box.right > to + 1)
+      why.push(`box [${Math.round(box.left)}, ${Math.round(box.right)}] out of ` +
+               (a && a !== doc ? `<${a.tagName.toLowerCase()} class="${a.className}">` : 'the screen') +
+               ` [${Math.round(from)}, ${Math.round(to)}]`);
+    if (why.length) cut.push({tex: m.textContent.slice(0, 60), width: Math.round(right - left),
+                              box: Math.round(box.width), why,
+                              display: m.getAttribute('display') === 'true'});
+  }
+  return {cut, n: document.querySelectorAll('mjx-container[display="true"]').length,
+          scrollWidth: doc.scrollWidth, clientWidth: screen};
+}"""
+
+
+def _crawl(book_dir, base_url, browser, script: str) -> dict:
+    """`script` run on every page, at 1280 px and at 390 px (a phone: touch, mobile viewport)."""
+    from bookserver import Offline
+
+    out, problems = {}, []
+    for label, viewport, kw in (("desktop", DESKTOP, {}),
+                                ("phone", PHONE, {"is_mobile": True, "has_touch": True})):
+        ctx = Offline(browser, viewport=viewport, **kw)
+        tab = Tab(ctx, problems)
+        for rel in pages(book_dir):
+            if rel in ("search.html", "genindex.html", "py-modindex.html"):
+                continue  # no article
+            out[label, rel] = tab.open(base_url + rel, f"{rel} {label}").evaluate(script)
+        tab.page.close()
+        ctx.close()
+    assert not problems, problems
+    return out
+
+
+@pytest.fixture(scope="module")
+def formulas(book_dir, base_url, browser):
+    return _crawl(book_dir, base_url, browser, FORMULAS)
+
+
+def test_every_formula_fits_or_scrolls(formulas):
+    """At 1280 and 390 px no formula, display or inline, is cut: it fits its box, or its box
+    scrolls to every part of it, and the box lies in what the box around it shows or scrolls to
+    (the column, a scrolling table, the screen)."""
+    for width in ("desktop", "phone"):
+        seen = sum(m["n"] for (label, _), m in formulas.items() if label == width)
+        assert seen >= 40, f"{width}: only {seen} display formulas: is MathJax typesetting?"
+    bad = [f"{rel} {label}: {'display' if c['display'] else 'inline'} {c['tex']!r} ({c['width']} px in a {c['box']} px box): "
+           + "; ".join(c["why"]) for (label, rel), m in formulas.items() for c in m["cut"]]
+    assert not bad, f"{len(bad)} formulas cut:\n" + "\n".join(bad)
+
+
+def test_no_page_wider_than_a_phone(formulas):
+    """At 390 px no page lays out wider than the screen (the page would pan sideways)."""
+    bad = [f"{rel}: {m['scrollWidth']} px wide on a {PHONE['width']} px screen "
+           f"(clientWidth {m['clientWidth']})"
+           for (label, rel), m in formulas.items() if label == "phone"
+           and max(m["scrollWidth"], m["clientWidth"]) > PHONE["width"]]
+    assert not bad, "\n".join(bad)
+
