@@ -5,7 +5,8 @@
  *    So does an inline formula wider than its line (book.css: rlg-wide).
  * 2. Table 1 (rlgates.table(), laid out as a grid by book.css) stacks f and f' under the method's
  *    name when side by side they would not fit, instead of cutting a formula.
- * 3. Search results: the excerpt under each hit is read from the page's article text, with TeX
+ * 3. Figures on a phone: a tap opens the figure at its laptop size in a view that scrolls.
+ * 4. Search results: the excerpt under each hit is read from the page's article text, with TeX
  *    source turned into readable symbols, not from the sidebar or raw LaTeX.
  */
 (function () {
@@ -134,6 +135,33 @@
     Search.htmlToText = articleText;
     Search.rlgatesPatched = true;
   }
+  // ---- figures on a phone: a tap opens the figure at its laptop size, to scroll and pinch ----
+  var ZOOM_BELOW = 600;    // px of screen width: wider screens follow the link to the PNG
+  var LAPTOP_COLUMN = 850;  // px: the widest a figure shows at 1280 px (book.css)
+  function zoomFigure(ev) {
+    var a = ev.target.closest && ev.target.closest(".bd-article a.image-reference");
+    var img = a && a.querySelector("img");
+    if (!img || document.documentElement.clientWidth >= ZOOM_BELOW) return;
+    ev.preventDefault();
+    var view = document.createElement("div"), big = document.createElement("img");
+    var close = document.createElement("button");
+    view.className = "rlg-zoom";
+    view.setAttribute("role", "dialog");
+    view.setAttribute("aria-label", "Figure, enlarged");
+    big.src = a.href;
+    big.alt = img.alt;
+    big.style.width = Math.min(LAPTOP_COLUMN, parseFloat(img.style.width) || img.naturalWidth) + "px";
+    close.className = "rlg-zoom-close";
+    close.textContent = "\u00d7";
+    close.setAttribute("aria-label", "Close");
+    view.appendChild(big);
+    view.appendChild(close);
+    view.addEventListener("click", function (e) { if (e.target !== big) view.remove(); });
+    document.body.appendChild(view);
+    close.focus();
+  }
+  document.addEventListener("click", zoomFigure);
+
   window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout, fit: fit };
 
   patchSearch();

@@ -106,3 +106,32 @@ def test_no_page_wider_than_a_phone(formulas):
            and max(m["scrollWidth"], m["clientWidth"]) > PHONE["width"]]
     assert not bad, "\n".join(bad)
 
+
+def test_a_tap_enlarges_a_figure_on_a_phone(book_dir, base_url, offline):
+    """At 390 px a tap on a figure opens it at its laptop size, where the book's figure text
+    shows at 9 px or more, in a view that scrolls to all of it; a tap on the close button
+    shuts it and the page stays where it was."""
+    from test_layout import MIN_TEXT_PX, png_text
+
+    from rlgates.notebook import FONT_SIZE
+
+    ctx = offline(viewport=PHONE, is_mobile=True, has_touch=True)
+    problems: list[str] = []
+    page = Tab(ctx, problems).open(base_url + "chapters/13_more_gates.html", "ch13 phone")
+    figure = page.locator(".bd-article a.image-reference img").last
+    figure.scroll_into_view_if_needed()
+    url = page.url
+    figure.tap()
+    view = page.locator(".rlg-zoom")
+    view.wait_for(timeout=5_000)
+    big = view.locator("img")
+    page.wait_for_function("() => document.querySelector('.rlg-zoom img').complete")
+    shown = big.evaluate("i => [i.getBoundingClientRect().width, i.naturalWidth, i.currentSrc]")
+    meta = png_text(book_dir, shown[2])
+    text_px = FONT_SIZE / 72 * shown[0] * float(meta["rlgates:px-per-inch"]) / shown[1]
+    assert text_px >= MIN_TEXT_PX, f"{FONT_SIZE} pt figure text shows at {text_px:.1f} px"
+    reach = view.evaluate("v => [v.scrollWidth, v.clientWidth]")
+    assert reach[0] >= shown[0] > reach[1], reach  # wider than the phone, and scrolls to it
+    view.locator(".rlg-zoom-close").tap()
+    assert view.count() == 0 and page.url == url
+    assert not problems, problems
