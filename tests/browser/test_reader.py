@@ -135,3 +135,31 @@ def test_a_tap_enlarges_a_figure_on_a_phone(book_dir, base_url, offline):
     view.locator(".rlg-zoom-close").tap()
     assert view.count() == 0 and page.url == url
     assert not problems, problems
+
+
+def test_explorer_tap_on_a_phone(base_url, offline):
+    """At 390 px a tap on the gate panel updates the readout, which is then on screen, and
+    rings the tapped point on both panels (the ring's centre within 2 px of the tap)."""
+    ctx = offline(viewport=PHONE, is_mobile=True, has_touch=True)
+    problems: list[str] = []
+    page = Tab(ctx, problems).open(base_url + "explorer.html#dapo", "explorer phone")
+    page.wait_for_selector("#gx-gate")
+    gate = page.locator("#gx-gate")
+    gate.scroll_into_view_if_needed()
+    before = page.locator(".gx-readout").text_content()
+    box = gate.bounding_box()
+    x, y = box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.4
+    page.touchscreen.tap(x, y)
+    page.wait_for_function("t => document.querySelector('.gx-readout').textContent !== t", arg=before)
+    seen = page.evaluate("""() => {
+      const r = document.querySelector('.gx-readout').getBoundingClientRect();
+      const marks = [...document.querySelectorAll('.gx-marker')].filter(m => !m.hidden)
+        .map(m => { const b = m.getBoundingClientRect(); return [b.left + b.width / 2, b.top + b.height / 2]; });
+      return {top: r.top, bottom: r.bottom, height: document.documentElement.clientHeight, marks,
+              text: document.querySelector('.gx-readout').textContent};
+    }""")
+    assert "DAPO at A = " in seen["text"], seen
+    assert 0 <= seen["top"] and seen["bottom"] <= seen["height"], seen  # on screen
+    assert len(seen["marks"]) == 2, seen
+    assert abs(seen["marks"][0][0] - x) <= 2 and abs(seen["marks"][0][1] - y) <= 2, (seen, x, y)
+    assert not problems, problems
