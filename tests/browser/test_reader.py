@@ -14,6 +14,10 @@ Run: `python -m pytest tests/browser -m browser` after `python3 tasks.py book` (
 
 from __future__ import annotations
 
+import html.parser
+import re
+from pathlib import Path
+
 import pytest
 from test_book import DESKTOP, PHONE, Tab, pages
 
@@ -104,6 +108,54 @@ def test_no_page_wider_than_a_phone(formulas):
            f"(clientWidth {m['clientWidth']})"
            for (label, rel), m in formulas.items() if label == "phone"
            and max(m["scrollWidth"], m["clientWidth"]) > PHONE["width"]]
+    assert not bad, "\n".join(bad)
+
+
+class _Text(html.parser.HTMLParser):
+    """A built page's text as a reader can see it (dropdowns opened), without scripts, styles
+    and the code cells' source."""
+
+    SKIP = {"script", "style", "template"}
+    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+            "track", "wbr"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[bool] = []  # per open element: inside something skipped
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.VOID:
+            return
+        classes = (dict(attrs).get("class") or "").split()
+        self.stack.append(bool(self.stack and self.stack[-1]) or tag in self.SKIP
+                          or "cell_input" in classes)
+
+    def handle_endtag(self, tag):
+        if tag not in self.VOID and self.stack:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if not (self.stack and self.stack[-1]):
+            self.parts.append(data)
+
+
+def page_text(path: Path) -> str:
+    parser = _Text()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return "".join(parser.parts)
+
+
+RAW_TABLE = re.compile(r"^.*\|\s*:?-{3,}.*$", re.MULTILINE)
+
+
+def test_no_markdown_table_printed_as_text(book_dir):
+    """No page shows a Markdown table as text (a delimiter row such as `| --- |`): tables are
+    displayed as Markdown (rlgates.tables.markdown), never printed."""
+    assert RAW_TABLE.findall("x\n| a | b |\n|---|:--|\n") and not RAW_TABLE.findall("a - b | c")
+    bad = [f"{rel}: {line.strip()[:100]!r}" for rel in pages(book_dir)
+           for line in RAW_TABLE.findall(page_text(book_dir / rel))]
+    assert len(pages(book_dir)) >= 20
     assert not bad, "\n".join(bad)
 
 
