@@ -159,6 +159,39 @@ def test_no_markdown_table_printed_as_text(book_dir):
     assert not bad, "\n".join(bad)
 
 
+EXERCISE = re.compile(r'<div class="exercise[^"]*" id="([^"]+)">\s*<p class="admonition-title">(.*?)</p>',
+                      re.DOTALL)
+SOLUTION = re.compile(r'class="solution[^"]*"[^>]*>\s*<p class="admonition-title">(.*?)</p>',
+                      re.DOTALL)
+
+
+def _plain(fragment: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", fragment)).strip()
+
+
+def test_exercises_numbered_and_solutions_name_them(book_dir):
+    """Every exercise is titled "Exercise N.k" (N its chapter, k = 1, 2, ... in order), and
+    every solution reads "Solution to Exercise N.k", linked to its exercise."""
+    seen, bad = 0, []
+    for path in sorted((book_dir / "chapters").glob("*.html")):
+        page = path.read_text(encoding="utf-8")
+        chapter = int(path.name[:2])
+        numbers = {}
+        for k, (ident, title) in enumerate(EXERCISE.findall(page), 1):
+            seen += 1
+            numbers[ident] = f"{chapter}.{k}"
+            if not re.fullmatch(rf"Exercise {chapter}\.{k}\b.*", _plain(title)):
+                bad.append(f"{path.name} #{ident}: title {_plain(title)!r}, "
+                           f"not 'Exercise {chapter}.{k}'")
+        for title in SOLUTION.findall(page):
+            target = re.search(r'href="#([^"]+)"', title)
+            want = f"Solution to Exercise {numbers.get(target.group(1) if target else '', '?')}"
+            if not target or _plain(title) != want:
+                bad.append(f"{path.name}: solution titled {_plain(title)!r}, not {want!r}")
+    assert seen >= 40, f"only {seen} exercises found"
+    assert not bad, "\n".join(bad)
+
+
 def test_a_tap_enlarges_a_figure_on_a_phone(book_dir, base_url, offline):
     """At 390 px a tap on a figure opens it at its laptop size, where the book's figure text
     shows at 9 px or more, in a view that scrolls to all of it; a tap on the close button
