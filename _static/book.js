@@ -2,9 +2,11 @@
  *
  * 1. Wide math fits its column: once MathJax has typeset the page (and on resize), a display
  *    equation wider than the column is scaled down, to at most MIN_SCALE; beyond that it scrolls.
+ *    So does an inline formula wider than its line (book.css: rlg-wide).
  * 2. Table 1 (rlgates.table(), laid out as a grid by book.css) stacks f and f' under the method's
  *    name when side by side they would not fit, instead of cutting a formula.
- * 3. Search results: the excerpt under each hit is read from the page's article text, with TeX
+ * 3. Figures on a phone: a tap opens the figure at its laptop size in a view that scrolls.
+ * 4. Search results: the excerpt under each hit is read from the page's article text, with TeX
  *    source turned into readable symbols, not from the sidebar or raw LaTeX.
  */
 (function () {
@@ -43,6 +45,17 @@
     });
     document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach(function (m) {
       if (!m.closest("table")) fit(m, m);
+    });
+    // an inline formula wider than its whole line (a phone) gets a box of its own that scrolls
+    document.querySelectorAll('.bd-article mjx-container:not([display="true"])').forEach(function (m) {
+      if (m.closest("table.rlg-table1")) return;
+      m.classList.remove("rlg-wide");  // (its font size stays MathJax's own)
+      var line = m.parentElement;
+      while (line && getComputedStyle(line).display.indexOf("inline") === 0) line = line.parentElement;
+      if (!line) return;
+      var cs = getComputedStyle(line);
+      var have = line.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      if (width(m) > have + 1) m.classList.add("rlg-wide");
     });
   }
 
@@ -122,6 +135,33 @@
     Search.htmlToText = articleText;
     Search.rlgatesPatched = true;
   }
+  // ---- figures on a phone: a tap opens the figure at its laptop size, to scroll and pinch ----
+  var ZOOM_BELOW = 600;    // px of screen width: wider screens follow the link to the PNG
+  var LAPTOP_COLUMN = 850;  // px: the widest a figure shows at 1280 px (book.css)
+  function zoomFigure(ev) {
+    var a = ev.target.closest && ev.target.closest(".bd-article a.image-reference");
+    var img = a && a.querySelector("img");
+    if (!img || document.documentElement.clientWidth >= ZOOM_BELOW) return;
+    ev.preventDefault();
+    var view = document.createElement("div"), big = document.createElement("img");
+    var close = document.createElement("button");
+    view.className = "rlg-zoom";
+    view.setAttribute("role", "dialog");
+    view.setAttribute("aria-label", "Figure, enlarged");
+    big.src = a.href;
+    big.alt = img.alt;
+    big.style.width = Math.min(LAPTOP_COLUMN, parseFloat(img.style.width) || img.naturalWidth) + "px";
+    close.className = "rlg-zoom-close";
+    close.textContent = "\u00d7";
+    close.setAttribute("aria-label", "Close");
+    view.appendChild(big);
+    view.appendChild(close);
+    view.addEventListener("click", function (e) { if (e.target !== big) view.remove(); });
+    document.body.appendChild(view);
+    close.focus();
+  }
+  document.addEventListener("click", zoomFigure);
+
   window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout, fit: fit };
 
   patchSearch();

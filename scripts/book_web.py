@@ -176,15 +176,26 @@ def _lighter_pages(app, exc):
         f"({len(used)} icon names kept)")
 
 
-def _no_figure_numbers(app, config):
-    # sphinx_jupyterbook_latex switches numfig on for every builder; the captions name the
-    # article's figures themselves ("Figure 3: ..."), so a second, book-wide number only confuses
-    config["numfig"] = False
+def _exercise_numbers_only(app, env):
+    """Number the exercises per chapter ("Exercise 8.1", and "Solution to Exercise 8.1"), and
+    nothing else that numfig numbers: the captions name the article's figures themselves
+    ("Figure 3: ..."), so a second, book-wide number would only confuse. sphinx-exercise needs
+    numfig on for any number; Sphinx numbers every enumerable node book-wide, in reading order."""
+    for docname, numbers in env.toc_fignumbers.items():
+        for kind in ("figure", "table", "code-block"):
+            numbers.pop(kind, None)
+        exercises = numbers.get("exercise", {})
+        chapter = re.match(r"chapters/(\d+)_", docname)
+        prefix = (int(chapter.group(1)),) if chapter else ()
+        for k, ident in enumerate(sorted(exercises, key=exercises.get), 1):
+            exercises[ident] = (*prefix, k)
+    return []
 
 
 def setup(app):
     app.connect("config-inited", _config_inited)
-    app.connect("config-inited", _no_figure_numbers, priority=900)  # after the latex extension
+    # after Sphinx's toctree collector numbered them (priority 500)
+    app.connect("env-get-updated", _exercise_numbers_only, priority=900)
     app.add_role("explorer", explorer_role)
     app.connect("build-finished", _lighter_pages)
     app.connect("doctree-resolved", _tag_outside_split)

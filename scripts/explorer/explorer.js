@@ -313,7 +313,9 @@
       el("label", { for: "gx-method", text: "method " }), this.selectEl, this.reset]));
     this.root.appendChild(this.sliders);
     this.root.appendChild(this.info);
-    this.root.appendChild(el("div", { class: "gx-panels" }, this.canvases));
+    // where the reader pointed (or tapped), marked on both panels: they share the (A, log ρ) plane
+    this.markers = this.canvases.map(function () { return el("div", { class: "gx-marker", hidden: "" }); });
+    this.root.appendChild(el("div", { class: "gx-panels" }, this.canvases.concat(this.markers)));
     this.root.appendChild(this.note);
     this.root.appendChild(this.readout);
     this.root.appendChild(el("p", { class: "gx-python" }, [el("span", { text: "in Python: " }), this.code]));
@@ -453,6 +455,13 @@
       " (ρ = " + fmt(r) + "): gate f′ = " + fmt(f) + ", signal f′·ρ·A = " + fmt(f * r * a) +
       (f === 0 && a !== 0 ? " — this token gets no gradient." : "");
     this.readoutAt = [a, l];
+    const p = this.pointer;
+    this.panels.forEach(function (panel, k) {
+      const b = panel.box, c = panel.canvas, mark = this.markers[k];
+      mark.style.left = (c.offsetLeft + b.x0 + p[0] * (b.x1 - b.x0)) + "px";
+      mark.style.top = (c.offsetTop + b.y0 + p[1] * (b.y1 - b.y0)) + "px";
+      mark.hidden = false;
+    }, this);
   };
 
   function start() {
