@@ -177,8 +177,15 @@ def collect_labels(doc: str, nb, book: Book) -> None:
                 lab = next((re.match(r"^\s*:label:\s*(\S+)", x).group(1) for x in lines[i + 1:]
                             if re.match(r"^\s*:label:\s*(\S+)", x)), None)
                 if lab:
-                    book.labels[lab] = Label("exercise", doc, f"Exercise {exercises}",
-                                             str(exercises))
+                    number = exercise_number(doc, exercises)
+                    book.labels[lab] = Label("exercise", doc, f"Exercise {number}", number)
+
+
+def exercise_number(doc: str, k: int) -> str:
+    """"8.1" for the first exercise of chapters/08_...: the web book's numbering
+    (scripts/book_web.py numbers exercises per chapter)."""
+    chapter = re.match(r"chapters/(\d+)_", doc)
+    return f"{int(chapter.group(1))}.{k}" if chapter else str(k)
 
 
 def _last_fence(lines: list[str]) -> str:
@@ -489,7 +496,8 @@ class Page:
     def exercise(self, name, arg, opts, inner, anchor) -> list[str]:
         if name in ("exercise", "exercise-start"):
             self.exercises += 1
-            title = f"**Exercise {self.exercises}**" + (f" ({self.roles(arg)})" if arg else "")
+            number = exercise_number(self.doc, self.exercises)
+            title = f"**Exercise {number}**" + (f" ({self.roles(arg)})" if arg else "")
             return anchor + [title, "", *inner]
         if name == "exercise-end":
             return inner

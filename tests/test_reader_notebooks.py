@@ -50,7 +50,7 @@ def make_book() -> rn.Book:
         "sec-x": rn.Label("section", "chapters/07_x", "Key equations"),
         "fig-x": rn.Label("figure", "chapters/07_x", "The gate.", "2"),
         "eq-gate": rn.Label("equation", "chapters/07_x", "", "7.2"),
-        "ex-07_x-1": rn.Label("exercise", "chapters/07_x", "Exercise 1", "1"),
+        "ex-07_x-1": rn.Label("exercise", "chapters/07_x", "Exercise 7.1", "7.1"),
     }
     return book
 
@@ -136,21 +136,21 @@ def test_exercise_and_gated_solution():
     book = make_book()
     page = rn.Page("chapters/07_x", book)
     ex = page.markdown(":::{exercise}\n:label: ex-07_x-1\nPredict first.\n:::")
-    assert ex.splitlines() == ['<a id="ex-07_x-1"></a>', "**Exercise 1**", "", "Predict first."]
+    assert ex.splitlines() == ['<a id="ex-07_x-1"></a>', "**Exercise 7.1**", "", "Predict first."]
     start = page.markdown(":::{solution-start} ex-07_x-1\n:class: dropdown\n:::\nThe prose.")
-    assert page.in_solution == "Solution to Exercise 1"
+    assert page.in_solution == "Solution to Exercise 7.1"
     assert start.splitlines() == [
-        "*Solution to Exercise 1: folded below (click to open).*",
-        "<details>", "<summary><b>Solution to Exercise 1</b></summary>", "", "The prose.", "",
+        "*Solution to Exercise 7.1: folded below (click to open).*",
+        "<details>", "<summary><b>Solution to Exercise 7.1</b></summary>", "", "The prose.", "",
         "</details>"]
     # one cell: the end of solution 1's prose, solution-end, exercise 2, solution-start
-    book.labels["ex-07_x-2"] = rn.Label("exercise", "chapters/07_x", "Exercise 2", "2")
+    book.labels["ex-07_x-2"] = rn.Label("exercise", "chapters/07_x", "Exercise 7.2", "7.2")
     mixed = page.markdown("More of it.\n\n:::{solution-end}\n:::\n\n:::{exercise}\n"
                           ":label: ex-07_x-2\nNext question.\n:::\n\n"
                           ":::{solution-start} ex-07_x-2\n:::")
     assert mixed.index("More of it.") < mixed.index("</details>") < mixed.index("Next question")
-    assert "**Exercise 2**" in mixed and "<details>\n<summary><b>Solution to Exercise 1" in mixed
-    assert page.in_solution == "Solution to Exercise 2"
+    assert "**Exercise 7.2**" in mixed and "<details>\n<summary><b>Solution to Exercise 7.1" in mixed
+    assert page.in_solution == "Solution to Exercise 7.2"
     end = page.markdown(":::{solution-end}\n:::")
     assert page.in_solution is None and end.strip() == ""
     assert not book.problems
@@ -160,7 +160,7 @@ def test_exercise_and_gated_solution():
 
 def test_solution_directive_is_folded():
     out, _ = convert("```{solution} ex-07_x-1\n:class: dropdown\nBecause.\n```")
-    assert out.startswith("<details>\n<summary><b>Solution to Exercise 1</b></summary>")
+    assert out.startswith("<details>\n<summary><b>Solution to Exercise 7.1</b></summary>")
 
 
 def test_math_directive_and_labelled_dollars():
@@ -237,7 +237,7 @@ def test_reader_notebook_cells():
     solution = next(c for c in nb.cells if "print(2)" in c.source)
     assert solution.cell_type == "markdown" and solution.metadata["tags"] == [rn.SOLUTION_TAG]
     assert solution.source.splitlines() == [
-        "<details>", "<summary><b>Solution to Exercise 1: its code (copy it into a cell to run "
+        "<details>", "<summary><b>Solution to Exercise 7.1: its code (copy it into a cell to run "
         "it) and its output</b></summary>", "", "```python", "print(2)", "```", "", "```text",
         "the answer is 2", "```", "", "</details>"]
     assert not any("assert 2 == 2" in c.source for c in nb.cells)  # the book's check
