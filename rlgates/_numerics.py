@@ -172,7 +172,7 @@ def aggregate(values, mask, agg):
     A fully masked batch gives 0. seq-mean-token-sum-norm divides by N × T, as verl 0.9.1 and
     TRL 1.16 do (per-sequence token sums over the padded length T, then the mean over the N
     non-empty sequences; the trainers differ in what N and T count, see chapter 10); older verl
-    releases divided the total by T alone, which is ours times N.
+    releases (0.4.1, 0.5.0) divided the total by T alone, which is ours times N.
     Pad to a fixed generation budget so that T, and with it the normaliser, stays constant
     during training.
     """
