@@ -134,13 +134,18 @@ def errors(page) -> list[str]:
 
 
 def markdown_text(page) -> str:
-    """The rendered text of every Markdown cell (hidden solutions included)."""
+    """The rendered prose of every Markdown cell (hidden solutions included). Code blocks are
+    left out: a solution's code shown as code may hold braces ({x:.3f}) that are not MyST."""
     return page.evaluate(
         """() => window.jupyterapp.shell.currentWidget.content.widgets
                  .filter(c => c.model.type === 'markdown')
-                 .map(c => c.node.querySelector('.jp-RenderedMarkdown')
-                           ? c.node.querySelector('.jp-RenderedMarkdown').textContent
-                           : '[unrendered] ' + c.model.sharedModel.getSource())
+                 .map(c => {
+                   const r = c.node.querySelector('.jp-RenderedMarkdown');
+                   if (!r) return '[unrendered] ' + c.model.sharedModel.getSource();
+                   const prose = r.cloneNode(true);
+                   prose.querySelectorAll('pre').forEach(p => p.remove());
+                   return prose.textContent;
+                 })
                  .join('\\n')""")
 
 
