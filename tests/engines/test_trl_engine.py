@@ -19,16 +19,13 @@ unit-test step.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.engines import record
+from tests.engines import launch, record
+from tests.engines.launch import rel
 
 pytestmark = pytest.mark.engine
 
@@ -37,28 +34,9 @@ SCRIPT = ROOT / "tests/engines/trl_runs.py"
 JSON = Path(os.environ.get("RLGATES_TRL_JSON", ROOT / "_build/engines/trl.json"))
 
 
-def _launch(*cmd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run([*map(str, cmd), SCRIPT, JSON], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
-
-
 @pytest.fixture(scope="module")
 def runs():
-    JSON.unlink(missing_ok=True)
-    _launch(sys.executable)
-    with socket.socket() as s:  # a free port for the rendezvous (torchrun's 0 can hang)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _launch(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", port)
-    return json.loads(JSON.read_text())
-
-
-def rel(a, b):
-    return abs(a - b) / max(abs(b), 1e-12)
+    return launch.one_and_two_processes(SCRIPT, JSON)
 
 
 CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean",

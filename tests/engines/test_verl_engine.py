@@ -27,17 +27,14 @@ negative control fails and says to remove rlgates.trainers._verl_compat.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.engines import record
+from tests.engines import launch, record
+from tests.engines.launch import rel
 
 pytestmark = pytest.mark.engine
 
@@ -53,32 +50,10 @@ TOL = 1e-6  # rounding: float32 sums in another order
 METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 
 
-def _launch(*cmd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "VERL_PLATFORM",
-              "VERL_ENGINE_DEVICE"):
-        env.pop(k, None)
-    p = subprocess.run([*map(str, cmd), SCRIPT, JSON], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
-
-
 @pytest.fixture(scope="module")
 def runs():
-    JSON.unlink(missing_ok=True)
-    _launch(sys.executable)  # first: the two-process run compares against its gradients
-    with socket.socket() as s:  # a free port for the rendezvous (torchrun's 0 can hang)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _launch(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", port)
-    return json.loads(JSON.read_text())
-
-
-def rel(a, b):
-    return abs(a - b) / max(abs(b), 1e-12)
+    # the one-process launch first: the two-process run compares against its numbers
+    return launch.one_and_two_processes(SCRIPT, JSON, {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"})
 
 
 # --- the environment -------------------------------------------------------------------------
