@@ -24,8 +24,11 @@ PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
 SKIP_DIRS = {"_static", "_sources", "_images"}
 
-# after MathJax's typesetting and book.js's layout pass (which runs once MathJax is done)
+# every fold open (a solution's table counts once the reader opens it), then wait for MathJax's
+# typesetting and book.js's layout pass (which runs once MathJax is done)
 SETTLE = """async () => {
+  document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
   if (document.fonts) await document.fonts.ready;
   for (let i = 0; i < 3; i++) await new Promise(r => requestAnimationFrame(r));
