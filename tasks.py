@@ -163,16 +163,28 @@ def ensure_jupyterlab() -> None:
 
 
 def ensure_chromium() -> None:
-    """The browser test drives Debian's Chromium; install it (as root) when it is missing."""
-    if Path("/usr/bin/chromium").exists():
+    """The browser tests drive $CHROMIUM when it is set (a Chromium or Chrome binary), else
+    Debian's Chromium (tests/browser/bookserver.py: chromium()); install Debian's, as root, when
+    there is neither."""
+    sys.path.insert(0, str(ROOT / "tests" / "browser"))
+    from bookserver import chromium
+
+    found = chromium()
+    if found:
+        print(f"browser for the browser tests: {found}", flush=True)
         return
+    if os.environ.get("CHROMIUM"):
+        summary()
+        sys.exit(f"CHROMIUM={os.environ['CHROMIUM']} is not a file: set it to a Chromium or "
+                 "Chrome binary, or unset it to use Debian's chromium")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         sh("install chromium", "bash", "-c", "apt-get update && apt-get install -y chromium",
            env={"DEBIAN_FRONTEND": "noninteractive"})
         return
     summary()
-    sys.exit("the browser test needs /usr/bin/chromium: install Debian's package as root "
-             "(apt-get update && apt-get install -y chromium), then run this again")
+    sys.exit("the browser tests need Chromium: install Debian's package as root (apt-get update "
+             "&& apt-get install -y chromium), or set CHROMIUM to a Chromium or Chrome binary, "
+             "then run this again")
 
 
 def summary() -> None:
@@ -196,6 +208,9 @@ def book() -> None:
 
 def check() -> None:
     setup()
+    # the browsers before any test: a missing one is said at once, not after minutes of tests
+    ensure_chromium()
+    ensure_jupyterlab()
     env = TEST_ENV
     sh("lint", BIN / "ruff", "check", ".")
     # chapter code checked like library code: each code cell exported to a .py file, then linted
@@ -213,28 +228,31 @@ def check() -> None:
     execute_chapters()
     # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
     # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py).
-    # They run beside the book build and the reader-notebook tests, which leave a core idle.
+    # They run beside the book build (one core), then beside the tests of the built book.
     engines = Background("engine tests ‖", PY, "-m", "pytest", "tests/engines", "-m", "engine",
                          "-q", "-p", "no:randomly", env={**env, "OMP_NUM_THREADS": "1"})
     build_book("book (nbval outputs)")
-    sh("reader notebooks", PY, "-m", "pytest", "tests/test_reader_notebooks.py", "-q",
-       "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"})
-    engines.finish()
-    ensure_chromium()
-    ensure_jupyterlab()
-    # RLGATES_REQUIRE_BROWSER: a missing book, Chromium or JupyterLab fails the browser tests
-    # (a plain `pytest` skips them instead). The JupyterLab test (its own server and Chromium)
-    # runs beside the book's.
+    # The tests of the built book, all at once and to the end (each failing step is named):
+    # with the engine tests they keep both cores busy. RLGATES_REQUIRE_BROWSER: a missing book,
+    # Chromium or JupyterLab fails the browser tests (a plain `pytest` skips them instead).
     browser_env = {**env, "RLGATES_REQUIRE_BROWSER": "1"}
-    lab = Background("jupyterlab test ‖", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py",
-                     "-q", "-m", "browser", "-p", "no:randomly", env=browser_env)
-    browser_rc = sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
-                    "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py",
-                    env=browser_env, check=False)
-    lab_rc = lab.finish(check=False)
-    if browser_rc or lab_rc:
+    beside = [
+        Background("reader notebooks ‖", PY, "-m", "pytest", "tests/test_reader_notebooks.py",
+                   "-q", "-p", "no:randomly", env={**env, "RLGATES_REQUIRE_BOOK": "1"}),
+        # JupyterLab (its own server, kernel and Chromium) on a reader notebook
+        Background("jupyterlab test ‖", PY, "-m", "pytest", "tests/browser/test_jupyterlab.py",
+                   "-q", "-m", "browser", "-p", "no:randomly", env=browser_env),
+    ]
+    rc = sh("browser test", PY, "-m", "pytest", "tests/browser", "-q", "-m", "browser",
+            "-p", "no:randomly", "--ignore", "tests/browser/test_jupyterlab.py",
+            env=browser_env, check=False)
+    failed = ["browser test"] if rc else []
+    for job in [*beside, engines]:
+        if job.finish(check=False):
+            failed.append(job.step)
+    if failed:
         summary()
-        sys.exit(browser_rc or lab_rc)
+        sys.exit(f"\nfailed: {', '.join(failed)} (each step's output is above)")
     summary()
     print("\nall checks passed")
 

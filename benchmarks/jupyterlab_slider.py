@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
-from bookserver import CHROMIUM, LAUNCH_ARGS  # noqa: E402
+from bookserver import LAUNCH_ARGS, chromium  # noqa: E402
 from labdriver import lab_server, move_slider, open_notebook, run_all, slider_widget  # noqa: E402
 
 CHAPTER = "07_sapo.ipynb"
@@ -23,8 +23,11 @@ CHAPTER = "07_sapo.ipynb"
 def main(n: int = 10) -> None:
     from playwright.sync_api import sync_playwright
 
+    exe = chromium()
+    if exe is None:
+        sys.exit("no Chromium: install Debian's package, or set CHROMIUM to a browser binary")
     with lab_server([CHAPTER]) as (base, token, _), sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         open_notebook(page, base, token, CHAPTER)
         run_all_s = run_all(page)

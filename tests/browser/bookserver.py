@@ -5,13 +5,26 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = Path(os.environ.get("BOOK_SCREENSHOTS", ROOT / "screenshots")).resolve()
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("CHROMIUM", "")  # a browser binary to use instead of Debian's
+
+
+def chromium() -> str | None:
+    """The browser the tests drive: $CHROMIUM when set (None if it names no file), else Debian's
+    /usr/bin/chromium, else a `chromium` on the PATH (None when there is none)."""
+    if CHROMIUM:
+        return CHROMIUM if Path(CHROMIUM).is_file() else None
+    if Path("/usr/bin/chromium").is_file():
+        return "/usr/bin/chromium"
+    return shutil.which("chromium")
+
+
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                # the network is localhost only: other names do not resolve, and any other
@@ -19,6 +32,7 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1",
                "--proxy-server=http://127.0.0.1:9"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+WAIT_LIMIT_MS = 120_000
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -42,6 +56,9 @@ class Offline:
     def __init__(self, browser, route=False, **context_kwargs):
         self.blocked: list[str] = []
         self.context = browser.new_context(**context_kwargs)
+        # waits end when their condition holds; the limit is only for a busy machine (the check
+        # runs the engine tests beside these), where a long page can take over Playwright's 30 s
+        self.context.set_default_timeout(WAIT_LIMIT_MS)
         self.context.on("request", self._record)
         if route:
             self.context.route("**/*", self._route)

@@ -14,135 +14,13 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import torch
-from bookserver import LOCAL_HOSTS, SCREENSHOTS, Offline
+from bookserver import LOCAL_HOSTS, Offline
+from crawl import DESKTOP, open_page
 
 import rlgates
 from rlgates.explorer_data import colormap, explorer_methods
 
 pytestmark = pytest.mark.browser
-
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 390, "height": 844}
-SKIP_DIRS = {"_static", "_sources", "_images", "reports"}
-
-# Waits for MathJax's first typeset and for every image (lazy ones too) to be decoded.
-SETTLE = """async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
-  await Promise.all([...document.images].map(i => {
-    i.loading = 'eager'; return i.decode().catch(() => null); }));
-  return true;
-}"""
-
-# Everything the per-page checks need, read in one go.
-INSPECT = r"""() => {
-  const shown = el => !!(el && (el.offsetWidth || el.offsetHeight || el.getClientRects().length));
-  const imgs = [...document.images].map(i => ({
-    src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0,
-    alt: (i.getAttribute('alt') || '').trim()}));
-  const math = [...document.querySelectorAll('.math')];
-  const untypeset = math.filter(m => !m.querySelector('mjx-container'))
-    .map(m => m.textContent.trim().slice(0, 80));
-  const merror = [...document.querySelectorAll('mjx-merror')]
-    .map(e => e.getAttribute('data-mjx-error') || e.textContent);
-  const root = document.querySelector('main') || document.body;
-  const skip = 'pre, code, script, style, textarea, noscript, mjx-container, .math';
-  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {acceptNode: n =>
-    n.parentElement.closest(skip) ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
-  let text = '';
-  while (walker.nextNode()) {
-    if (shown(walker.currentNode.parentElement)) text += walker.currentNode.nodeValue + ' ';
-  }
-  const raw = text.match(/\$[^$\n]{1,80}\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|\\frac|\\rho/g) || [];
-  return {
-    title: document.title, imgs, nmath: math.length, untypeset, merror, raw,
-    links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-    ids: [...document.querySelectorAll('[id]')].map(e => e.id)
-      .concat([...document.querySelectorAll('a[name]')].map(a => a.name)),
-    copy: document.querySelectorAll('button.copybtn').length,
-    code: document.querySelectorAll('div.highlight pre').length,
-    mathjax: !!window.MathJax,
-  };
-}"""
-
-
-# Everything measured on one page, after MathJax and book.js have laid it out.
-MEASURE = r"""async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
-  if (window.RLGatesBook) window.RLGatesBook.layout();
-  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
-  const art = document.querySelector('article.bd-article');
-  const R = el => el.getBoundingClientRect();
-  const figures = [...art.querySelectorAll('.cell_output img')].map(i => ({
-    src: i.currentSrc || i.src, natural: i.naturalWidth, shown: R(i).width,
-    ratio: (R(i).height / R(i).width) / (i.naturalHeight / i.naturalWidth),
-    link: i.closest('a') ? i.closest('a').href : null,
-    caption: ((i.closest('figure') || {}).textContent || '').trim().slice(0, 60)}));
-  const code = [...art.querySelectorAll('div.highlight pre')].filter(p => !p.closest('.cell_output'))
-    .map(p => {
-    const lines = p.textContent.replace(/\n$/, '').split('\n');
-    const probe = document.createElement('span');
-    probe.textContent = '0'.repeat(80);
-    probe.style.cssText = 'position:absolute;visibility:hidden;white-space:pre';
-    p.appendChild(probe);
-    const cols80 = R(probe).width;
-    probe.remove();
-    const cs = getComputedStyle(p);
-    return {scroll: p.scrollWidth, client: p.clientWidth, cols80,
-            inner: p.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
-            longest: Math.max(...lines.map(l => l.length)),
-            first: lines[0].slice(0, 60)};
-  });
-  const equations = [...art.querySelectorAll('mjx-container[display="true"]')]
-    .filter(m => !m.closest('table'))
-    .map(m => ({scroll: m.scrollWidth, client: m.clientWidth, scale: m.style.fontSize || '100%',
-                tex: (m.parentElement.textContent || '').slice(0, 50)}));
-  const tables = [...art.querySelectorAll('table.rlg-table1')].map(t => {
-    const cells = [...t.querySelectorAll('tbody td')];
-    const rows = [];
-    for (let k = 0; k + 3 < cells.length; k += 4)
-      rows.push({method: cells[k].textContent.trim(),
-                 height: R(cells[k + 3]).bottom - Math.min(R(cells[k]).top, R(cells[k + 1]).top)});
-    return {stacked: t.classList.contains('rlg-stacked'), width: R(t).width,
-            box: t.parentElement.clientWidth, rows,
-            overflow: cells.filter(c => c.scrollWidth > c.clientWidth + 1)
-              .map(c => [c.textContent.trim().slice(0, 40), c.scrollWidth, c.clientWidth])};
-  });
-  const streams = [...art.querySelectorAll('.cell_output')].map(o =>
-    [o.querySelectorAll(':scope > .output.stream').length,
-     o.querySelectorAll(':scope > .output.stderr').length]);
-  return {figures, code, equations, tables, streams,
-          overflow: document.documentElement.scrollWidth - innerWidth};
-}"""
-
-
-def pages(book_dir: Path) -> list[str]:
-    out = [p.relative_to(book_dir).as_posix() for p in sorted(book_dir.rglob("*.html"))
-           if not SKIP_DIRS.intersection(p.relative_to(book_dir).parts[:-1])]
-    assert "index.html" in out and "explorer.html" in out, out
-    return out
-
-
-class Tab:
-    """One browser page reused across URLs; records console errors, page errors, HTTP errors."""
-
-    def __init__(self, ctx, problems: list[str]):
-        self.page, self.problems, self.label = ctx.context.new_page(), problems, ""
-        self.page.on("console", lambda m: m.type == "error" and problems.append(
-            f"{self.label}: console error: {m.text}"))
-        self.page.on("pageerror", lambda e: problems.append(f"{self.label}: page error: {e}"))
-        self.page.on("response", lambda r: r.status >= 400 and problems.append(
-            f"{self.label}: HTTP {r.status} for {r.url}"))
-
-    def open(self, url: str, label: str):
-        self.label = label
-        self.page.goto(url, wait_until="load")
-        self.page.evaluate(SETTLE)
-        return self.page
-
-
-def open_page(ctx, url, problems, label):
-    return Tab(ctx, problems).open(url, label)
-
 
 # ---- static --------------------------------------------------------------------------------
 EXTERNAL_ASSET = re.compile(
@@ -170,47 +48,26 @@ def test_mathjax_is_served_by_the_book(book_dir):
 
 
 # ---- every page ----------------------------------------------------------------------------
-def layout_pages(book_dir: Path) -> list[str]:
-    """The pages test_layout measures: every chapter and the index."""
-    return [p for p in pages(book_dir) if p.startswith("chapters/") or p == "index.html"]
-
-
-_VISITS: dict = {}
-
-
-def desktop_visit(book_dir: Path, base_url: str, browser) -> dict:
-    """Every page opened once at desktop width, offline: INSPECT read on each (the page tests
-    here), MEASURE on the chapters and the index (test_layout's checks at 1280 px). Kept for the
-    session, so that the two modules share one visit of each page."""
-    key = (str(book_dir), base_url, id(browser))
-    if key not in _VISITS:
-        ctx = Offline(browser, viewport=DESKTOP)
-        problems: list[str] = []
-        tab, seen, measured = Tab(ctx, problems), {}, {}
-        targets = set(layout_pages(book_dir))
-        for rel in pages(book_dir):
-            page = tab.open(base_url + rel, rel)
-            seen[rel] = page.evaluate(INSPECT)
-            if rel in targets:
-                measured[rel] = page.evaluate(MEASURE)
-        tab.page.close()
-        ctx.close()
-        _VISITS[key] = {"pages": seen, "measured": measured, "problems": problems,
-                        "blocked": ctx.blocked}
-    return _VISITS[key]
-
-
 @pytest.fixture(scope="module")
-def crawl(book_dir, base_url, browser):
-    """Visit every page once (desktop width, offline); what the page tests assert on."""
-    return desktop_visit(book_dir, base_url, browser)
+def crawl(site):
+    """What INSPECT read on every page at 1280 and at 390 px, in the session's one visit of each
+    page per width (crawl.py): {"pages": {(width, page): ...}, "problems", "blocked"}."""
+    return {"pages": {key: m["inspect"] for key, m in site["pages"].items()},
+            "problems": site["problems"], "blocked": site["blocked"]}
+
+
+def _desktop(crawl) -> dict:
+    return {rel: info for (width, rel), info in crawl["pages"].items() if width == "desktop"}
 
 
 def test_every_page_offline(book_dir, base_url, crawl):
-    """Each page loads with no console error, nothing off localhost, every image loaded with alt
-    text, the math typeset (no raw TeX left in visible text), and every internal link resolves."""
+    """At 1280 and at 390 px each page loads with no console error, nothing off localhost, every
+    image loaded with alt text, the math typeset (no raw TeX left in visible text); every
+    internal link resolves."""
     problems = list(crawl["problems"])
-    for rel, info in crawl["pages"].items():
+    assert {width for width, _ in crawl["pages"]} == {"desktop", "phone"}
+    for (width, page), info in crawl["pages"].items():
+        rel = f"{page} ({width})"
         for img in info["imgs"]:
             if not img["ok"]:
                 problems.append(f"{rel}: image did not load: {img['src']}")
@@ -227,7 +84,7 @@ def test_every_page_offline(book_dir, base_url, crawl):
         if info["code"] and not info["copy"]:
             problems.append(f"{rel}: {info['code']} code blocks but no copy button")
     problems += [f"blocked request off localhost: {u}" for u in crawl["blocked"]]
-    problems += broken_links(book_dir, base_url, crawl["pages"])
+    problems += broken_links(book_dir, base_url, _desktop(crawl))
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:80])
 
 
@@ -259,19 +116,13 @@ def broken_links(book_dir: Path, base_url: str, seen: dict) -> list[str]:
     return bad
 
 
-def test_search_works_offline(base_url, offline):
-    ctx = offline(route=True, viewport=DESKTOP)
-    problems: list[str] = []
-    page = open_page(ctx, base_url + "search.html?q=gate", problems, "search")
-    page.wait_for_selector("#search-results ul.search li", timeout=15_000)
-    hits = page.locator("#search-results ul.search li").count()
-    page.close()
-    assert hits > 0
-    assert not problems and not ctx.blocked, problems + ctx.blocked
+def test_search_works_offline(searched):
+    assert searched["hits"] > 0
+    assert not searched["problems"] and not searched["blocked"], searched
 
 
 def test_chapters_offer_ipynb_download_and_launch_buttons(crawl):
-    chapters = {rel: info for rel, info in crawl["pages"].items() if rel.startswith("chapters/")}
+    chapters = {rel: info for rel, info in _desktop(crawl).items() if rel.startswith("chapters/")}
     assert chapters, "no chapter pages were built"
     problems = []
     for rel, info in chapters.items():
@@ -476,51 +327,12 @@ def test_explorer_slider_redraws(explorer):
 
 
 # ---- screenshots, phone width, dark theme --------------------------------------------------
-def _figure_page(book_dir: Path) -> str:
-    for rel in pages(book_dir):
-        if rel.startswith("chapters/") and "<img" in (book_dir / rel).read_text(errors="replace"):
-            return rel
-    return "index.html"
-
-
-def test_screenshots_phone_and_dark(book_dir, base_url, offline):
+def test_screenshots_phone_and_dark(themed):
     """Screenshots of the explorer and a chapter with figures, at desktop and phone widths, in the
-    light and dark themes (saved to screenshots/). At a phone's width no page scrolls sideways; in
-    the dark theme figures sit on white."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    chapter = _figure_page(book_dir)
-    problems: list[str] = []
-    for label, viewport, scale in (("desktop", DESKTOP, 1), ("phone", PHONE, 2)):
-        ctx = offline(viewport=viewport, device_scale_factor=scale,
-                      is_mobile=label == "phone", has_touch=label == "phone")
-        tab = Tab(ctx, problems)
-        for theme in ("light", "dark"):
-            tab.page.emulate_media(color_scheme=theme)
-            for rel in ("explorer.html", chapter):
-                tab.page.add_init_script(f"localStorage.setItem('mode', '{theme}');"
-                                         f"localStorage.setItem('theme', '{theme}');")
-                page = tab.open(base_url + rel, f"{rel} {label} {theme}")
-                got = page.evaluate("() => document.documentElement.dataset.theme")
-                if got != theme:
-                    problems.append(f"{rel} {label}: theme is {got}, not {theme}")
-                if rel == "explorer.html":
-                    page.wait_for_selector(".gx-formula mjx-container")
-                else:
-                    page.evaluate("() => { const i = document.querySelector('.bd-article img');"
-                                  " if (i) i.scrollIntoView({block: 'center'}); }")
-                overflow = page.evaluate("() => document.documentElement.scrollWidth - innerWidth")
-                if overflow > 1:
-                    problems.append(f"{rel} {label}: page is {overflow}px wider than the screen")
-                if theme == "dark":
-                    bg = page.evaluate("() => { const i = document.querySelector('.bd-article img');"
-                                       " return i ? getComputedStyle(i).backgroundColor : null; }")
-                    if bg not in (None, "rgb(255, 255, 255)"):
-                        problems.append(f"{rel}: figure background in dark theme is {bg}")
-                name = f"{Path(rel).stem}-{label}-{theme}.png"
-                page.screenshot(path=str(SCREENSHOTS / name), full_page=rel == "explorer.html")
-        tab.page.close()
-        problems += [f"blocked: {u}" for u in ctx.blocked]
-    assert not problems, "\n".join(problems)
+    light and dark themes (saved to screenshots/; conftest.py: themed). Each page shows the theme
+    asked for; at a phone's width no page scrolls sideways; in the dark theme figures sit on
+    white."""
+    assert not themed["book"], "\n".join(themed["book"])
 
 
 # ---- the explorer's readout, ticks, half-gate line, fine slider ------------------------------

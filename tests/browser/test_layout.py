@@ -15,9 +15,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from bookserver import SCREENSHOTS
+from crawl import PHONE, pages
 from PIL import Image
-from test_book import DESKTOP, MEASURE, PHONE, Tab, desktop_visit, layout_pages, pages
 
 from rlgates.notebook import FONT_SIZE
 
@@ -36,23 +35,10 @@ def png_text(book_dir: Path, src: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def measured(book_dir, base_url, browser):
-    """Every chapter page and the index, measured at 1280 px (in test_book's one visit of every
-    page at that width) and at 390 px."""
-    from bookserver import Offline
-
-    visit = desktop_visit(book_dir, base_url, browser)
-    assert not visit["problems"], visit["problems"]
-    out = {("desktop", rel): m for rel, m in visit["measured"].items()}
-    problems = []
-    ctx = Offline(browser, viewport=PHONE, is_mobile=True, has_touch=True)
-    tab = Tab(ctx, problems)
-    for rel in layout_pages(book_dir):
-        out["phone", rel] = tab.open(base_url + rel, f"{rel} phone").evaluate(MEASURE)
-    tab.page.close()
-    ctx.close()
-    assert not problems, problems
-    return out
+def measured(site):
+    """What MEASURE read on every chapter page and the index at 1280 and at 390 px, in the
+    session's one visit of each page per width (crawl.py)."""
+    return {key: m["measure"] for key, m in site["pages"].items() if "measure" in m}
 
 
 def _chapters(measured, label):
@@ -150,18 +136,10 @@ def test_printed_output_is_one_block_per_cell(measured):
     assert not bad, "\n".join(bad)
 
 
-def test_search_excerpts_are_plain_text(base_url, offline):
+def test_search_excerpts_are_plain_text(searched):
     """Search results quote the article, with math as symbols: no TeX source, no sidebar."""
-    ctx = offline(route=True, viewport=DESKTOP)
-    problems: list[str] = []
-    page = Tab(ctx, problems).open(base_url + "search.html?q=gate", "search")
-    page.wait_for_selector("#search-results ul.search li p.context", timeout=20_000)
-    page.wait_for_function("() => !document.querySelector('#search-progress') || "
-                           "!document.querySelector('#search-progress').textContent", timeout=20_000)
-    excerpts = page.eval_on_selector_all("#search-results li p.context",
-                                         "ps => ps.map(p => p.textContent)")
-    page.close()
-    assert excerpts and not problems, problems
+    excerpts = searched["excerpts"]
+    assert excerpts and not searched["problems"], searched["problems"]
     raw = [e for e in excerpts if re.search(r"\\[A-Za-z]+|\\[()\[\]]", e)]
     assert not raw, raw[:5]
     assert any("ρ" in e or "gate" in e.lower() for e in excerpts)
@@ -181,40 +159,9 @@ def test_pages_load_no_unused_framework(book_dir):
     assert not bad, "\n".join(bad)
 
 
-def test_layout_screenshots(book_dir, base_url, offline):
-    """Screenshots for a person to look at (screenshots/): Table 1 and a multi-panel figure at
-    1280 and 390 px, and the explorer at SAPO with a readout, in both themes. The explorer's
-    formula fits its box at both widths."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    problems: list[str] = []
-    for label, viewport, scale in (("desktop", DESKTOP, 1), ("phone", PHONE, 2)):
-        for theme in ("light", "dark"):
-            ctx = offline(viewport=viewport, device_scale_factor=scale, color_scheme=theme)
-            ctx.context.add_init_script(f"localStorage.setItem('mode', '{theme}');"
-                                        f"localStorage.setItem('theme', '{theme}');")
-            tab = Tab(ctx, problems)
-            page = tab.open(base_url + "chapters/03_generalized_objective.html", "ch03")
-            page.evaluate(MEASURE)
-            table = page.locator("table.rlg-table1").first
-            table.scroll_into_view_if_needed()
-            table.screenshot(path=str(SCREENSHOTS / f"table1-{label}-{theme}.png"))
-            page = tab.open(base_url + "chapters/13_more_gates.html", "ch13")
-            page.evaluate(MEASURE)
-            figure = page.locator(".cell_output img").last
-            figure.scroll_into_view_if_needed()
-            figure.screenshot(path=str(SCREENSHOTS / f"figure13-{label}-{theme}.png"))
-            page = tab.open(base_url + "explorer.html#sapo", "explorer")
-            page.wait_for_selector(".gx-formula mjx-container")
-            # the deep link the {explorer} role writes opens the explorer at that method
-            assert page.evaluate("() => window.RLGatesExplorer.explorer.method.name") == "sapo"
-            page.wait_for_function("() => { const p = document.querySelector('.gx-formula');"
-                                   " return p.scrollWidth <= p.clientWidth + 1; }",
-                                   timeout=5_000)  # the formula shrinks to fit (book.js)
-            box = page.locator("#gx-gate")
-            box.scroll_into_view_if_needed()
-            bb = box.bounding_box()
-            page.mouse.move(bb["x"] + bb["width"] * 0.6, bb["y"] + bb["height"] * 0.3)
-            page.locator("#rlgates-explorer").screenshot(
-                path=str(SCREENSHOTS / f"explorer-sapo-{label}-{theme}.png"))
-            tab.page.close()
-    assert not problems, problems
+def test_layout_screenshots(themed):
+    """Screenshots for a person to look at (screenshots/; conftest.py: themed): Table 1 and a
+    multi-panel figure at 1280 and 390 px, and the explorer at SAPO with a readout, in both
+    themes. The explorer's deep link opens it at SAPO, and its formula fits its box at both
+    widths."""
+    assert not themed["layout"], "\n".join(themed["layout"])

@@ -19,75 +19,15 @@ import re
 from pathlib import Path
 
 import pytest
-from test_book import DESKTOP, PHONE, Tab, pages
+from crawl import PHONE, Tab, pages
 
 pytestmark = pytest.mark.browser
 
-# Every formula (and the page's width), measured after MathJax and book.js laid it out.
-FORMULAS = r"""async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
-  document.querySelectorAll('details').forEach(d => { d.open = true; });  // solutions too
-  if (window.RLGatesBook) window.RLGatesBook.layout();
-  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
-  const doc = document.documentElement, screen = doc.clientWidth;
-  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
-  const cut = [];
-  for (const m of document.querySelectorAll('mjx-container')) {
-    if (!m.getClientRects().length) continue;  // not shown
-    const box = m.getBoundingClientRect();
-    let left = Infinity, right = -Infinity;
-    for (const el of m.querySelectorAll('mjx-math, mjx-math *')) {  // not the hidden MathML
-      const r = el.getBoundingClientRect();
-      if (r.width > 0 && r.height > 0) { left = Math.min(left, r.left); right = Math.max(right, r.right); }
-    }
-    if (left === Infinity) continue;
-    const why = [];
-    if (scrolls(m) || m.getAttribute('display') === 'true') {  // a box of its own
-      const shows = box.left + (scrolls(m) ? m.scrollWidth : m.clientWidth) - m.scrollLeft;
-      if (left < box.left - 1) why.push(`starts ${Math.round(box.left - left)} px left of its box`);
-      if (right > shows + 1) why.push(`ends ${Math.round(right - shows)} px past what its box shows`);
-    }
-    // the nearest box that clips it: the formula's box lies in what that box shows or scrolls to
-    let a = m.parentElement;
-    while (a && a !== doc && getComputedStyle(a).overflowX === 'visible') a = a.parentElement;
-    const r = a && a !== doc ? a.getBoundingClientRect() : {left: 0, right: screen};
-    const from = a && a !== doc && scrolls(a) ? r.left - a.scrollLeft : r.left;
-    const to = a && a !== doc && scrolls(a) ? from + a.scrollWidth : r.right;
-    if (box.left < from - 1 || box.right > to + 1)
-      why.push(`box [${Math.round(box.left)}, ${Math.round(box.right)}] out of ` +
-               (a && a !== doc ? `<${a.tagName.toLowerCase()} class="${a.className}">` : 'the screen') +
-               ` [${Math.round(from)}, ${Math.round(to)}]`);
-    if (why.length) cut.push({tex: m.textContent.slice(0, 60), width: Math.round(right - left),
-                              box: Math.round(box.width), why,
-                              display: m.getAttribute('display') === 'true'});
-  }
-  return {cut, n: document.querySelectorAll('mjx-container[display="true"]').length,
-          scrollWidth: doc.scrollWidth, clientWidth: screen};
-}"""
-
-
-def _crawl(book_dir, base_url, browser, script: str) -> dict:
-    """`script` run on every page, at 1280 px and at 390 px (a phone: touch, mobile viewport)."""
-    from bookserver import Offline
-
-    out, problems = {}, []
-    for label, viewport, kw in (("desktop", DESKTOP, {}),
-                                ("phone", PHONE, {"is_mobile": True, "has_touch": True})):
-        ctx = Offline(browser, viewport=viewport, **kw)
-        tab = Tab(ctx, problems)
-        for rel in pages(book_dir):
-            if rel in ("search.html", "genindex.html", "py-modindex.html"):
-                continue  # no article
-            out[label, rel] = tab.open(base_url + rel, f"{rel} {label}").evaluate(script)
-        tab.page.close()
-        ctx.close()
-    assert not problems, problems
-    return out
-
-
 @pytest.fixture(scope="module")
-def formulas(book_dir, base_url, browser):
-    return _crawl(book_dir, base_url, browser, FORMULAS)
+def formulas(site):
+    """What FORMULAS read on every page with an article at 1280 and at 390 px, in the session's
+    one visit of each page per width (crawl.py)."""
+    return {key: m["formulas"] for key, m in site["pages"].items() if "formulas" in m}
 
 
 def test_every_formula_fits_or_scrolls(formulas):
@@ -208,7 +148,7 @@ def test_a_tap_enlarges_a_figure_on_a_phone(book_dir, base_url, offline):
     url = page.url
     figure.tap()
     view = page.locator(".rlg-zoom")
-    view.wait_for(timeout=5_000)
+    view.wait_for()
     big = view.locator("img")
     page.wait_for_function("() => document.querySelector('.rlg-zoom img').complete")
     shown = big.evaluate("i => [i.getBoundingClientRect().width, i.naturalWidth, i.currentSrc]")
