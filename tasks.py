@@ -222,9 +222,11 @@ def check() -> None:
     # the GitHub Actions workflow: syntax, expressions, action inputs, shell scripts (see README)
     sh("lint workflow", BIN / "actionlint", *sorted(ROOT.glob(".github/workflows/*.yml")))
     # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code;
-    # the tests of the built reader notebooks run after the book, below
+    # the reader notebooks' tests (the converter's and the built notebooks') run once, after
+    # the book, below
     sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
-       "-n", "auto", env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+       "--ignore", "tests/test_reader_notebooks.py", "-n", "auto",
+       env={**env, "RLGATES_REQUIRE_BOOK": "0"})
     execute_chapters()
     # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
     # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py).

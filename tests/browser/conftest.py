@@ -27,7 +27,6 @@ from bookserver import (
     chromium,
 )
 from crawl import DESKTOP, MEASURE, PHONE, Tab, Visit
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 REQUIRED = os.environ.get("RLGATES_REQUIRE_BROWSER") == "1"
 
@@ -132,7 +131,9 @@ def searched(base_url, browser) -> dict:
 
 
 def _themed(browser, base_url: str, label: str, theme: str, book: list, layout: list) -> None:
-    """One width and theme of `themed`: the explorer, chapter 3 and chapter 13, each opened once."""
+    """One width and theme of `themed`: the explorer and chapter 13, each opened once."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     viewport, scale = {"desktop": (DESKTOP, 1), "phone": (PHONE, 2)}[label]
     phone = label == "phone"
     ctx = Offline(browser, viewport=viewport, device_scale_factor=scale, color_scheme=theme,
@@ -173,15 +174,12 @@ def _themed(browser, base_url: str, label: str, theme: str, book: list, layout: 
     bb = box.bounding_box()
     page.mouse.move(bb["x"] + bb["width"] * 0.6, bb["y"] + bb["height"] * 0.3)
     page.locator("#rlgates-explorer").screenshot(path=str(SCREENSHOTS / f"explorer-sapo-{shot}"))
-    # Table 1
-    page = tab.open(base_url + "chapters/03_generalized_objective.html", f"ch03 {label} {theme}")
+    # a chapter with Table 1 and multi-panel figures
+    page = tab.open(base_url + "chapters/13_more_gates.html", f"ch13 {label} {theme}")
     page.evaluate(MEASURE)
     table = page.locator("table.rlg-table1").first
     table.scroll_into_view_if_needed()
     table.screenshot(path=str(SCREENSHOTS / f"table1-{shot}"))
-    # a chapter with multi-panel figures
-    page = tab.open(base_url + "chapters/13_more_gates.html", f"ch13 {label} {theme}")
-    page.evaluate(MEASURE)
     figure = page.locator(".cell_output img").last
     figure.scroll_into_view_if_needed()
     figure.screenshot(path=str(SCREENSHOTS / f"figure13-{shot}"))
@@ -198,7 +196,7 @@ def _themed(browser, base_url: str, label: str, theme: str, book: list, layout: 
 def themed(browser, base_url) -> dict[str, list[str]]:
     """Screenshots for a person to look at (screenshots/), at 1280 and 390 px (a phone, at 2x),
     in the light and the dark theme: the explorer at SAPO (the page, and the widget with a
-    readout), Table 1 (chapter 3), a multi-panel figure and the page around it (chapter 13).
+    readout), Table 1, a multi-panel figure and the page around it (chapter 13).
     Each page is opened once per width and theme; what test_book and test_layout check on the
     way is returned, as problems, under "book" and "layout"."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
