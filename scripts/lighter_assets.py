@@ -13,6 +13,8 @@ the theme's style sheets, icon fonts and scripts, cut to what the built pages us
   written as WOFF (zlib; WOFF2 would need brotli), and the theme's @font-face rules point at them.
 - Scripts and style sheets no element of a page uses are not linked from it: sphinx-design's
   (no design components in the book) and sphinx-thebe's (no live-code button).
+- The theme's Bootstrap bundle (81 kB) is replaced by scripts/bootstrap_lite.js (2 kB), which
+  does what the pages use of it: the dropdown menus, the tooltips (as titles), back to top.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ PAGE_ONLY_ASSETS = [  # (file under _static/, what a page must contain to need i
     ("sphinx-thebe.js", re.compile(r'class="[^"]*\bthebe-launch-button')),
     ("sphinx-thebe.css", re.compile(r'class="[^"]*\bthebe-launch-button')),
 ]
+BOOTSTRAP = re.compile(r'(<script defer src="[^"]*_static/scripts/)bootstrap\.js\?[^"]*'
+                       r'("></script>)')
+BOOTSTRAP_PRELOAD = re.compile(r'[ \t]*<link rel="preload" as="script" '
+                               r'href="[^"]*_static/scripts/bootstrap\.js[^"]*" />\n?')
+BOOTSTRAP_LITE = Path(__file__).resolve().parent / "bootstrap_lite.js"
 FA_DIR = Path("_static/vendor/fontawesome/webfonts")
 FA_FONTS = ("fa-solid-900", "fa-regular-400", "fa-brands-400")
 FA_SRC = re.compile(r"src:url\((?P<dir>[^)]*/webfonts/)(?P<font>fa-[a-z]+-\d+)\.woff2\)"
@@ -238,16 +245,24 @@ def _asset_tag(name: str) -> re.Pattern:
 
 
 def unlink_unused_assets(out: Path) -> int:
+    """Per page: the assets it does not need unlinked, Bootstrap's bundle swapped for the lite
+    script; returns how many pages changed."""
     n = 0
+    lite = out / "_static" / "scripts" / "bootstrap-lite.js"
+    lite.parent.mkdir(parents=True, exist_ok=True)
+    lite.write_text(BOOTSTRAP_LITE.read_text(encoding="utf-8"), encoding="utf-8")
     for page in _pages(out):
         html = page.read_text(encoding="utf-8")
-        new = html
+        new = BOOTSTRAP.sub(r"\1bootstrap-lite.js\2", BOOTSTRAP_PRELOAD.sub("", html))
         for name, needed_if in PAGE_ONLY_ASSETS:
             if not needed_if.search(new):
                 new = _asset_tag(name).sub("", new)
         if new != html:
             page.write_text(new, encoding="utf-8")
             n += 1
+    if not any("scripts/bootstrap.js" in p.read_text(encoding="utf-8") for p in _pages(out)):
+        for name in ("bootstrap.js", "bootstrap.js.map", "bootstrap.js.LICENSE.txt"):
+            (out / "_static" / "scripts" / name).unlink(missing_ok=True)
     return n
 
 
@@ -274,7 +289,7 @@ def lighten(out: Path) -> str:
     after = sum(len(t) for t in sheets.values())
     fa = ", ".join(f"{k} {a // 1000} -> {b // 1000} kB" for k, (a, b) in fonts.items())
     return (f"theme style sheets {before // 1000} -> {after // 1000} kB; icon fonts: {fa}; "
-            f"{n_pages} pages without the sphinx-design and sphinx-thebe assets")
+            f"{n_pages} pages with bootstrap-lite.js, without sphinx-design's, -thebe's assets")
 
 
 if __name__ == "__main__":
