@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-MIN_SCALE = 0.75  # _static/book.js
+MIN_SCALE = 0.7  # _static/book.js
 WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 #: GSPO's numbered equations (eq. 8.2 is the widest in the book), and six unnumbered ones
 PAGES = ["chapters/08_gspo.html", "chapters/13_more_gates.html"]
