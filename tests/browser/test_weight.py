@@ -47,6 +47,10 @@ def test_a_math_page_loads_mathjax_and_its_fonts(weights):
     """The measurement sees what a page loads on demand (negative control for the limit)."""
     files = weights["chapters/08_gspo.html"]["files"]
     assert any(p.endswith("mathjax/output/chtml.js") for p in files), sorted(files)
+    # TeX's base package and the AMS extension (_config.yml), not the full 180 kB input/tex.js
+    assert any(p.endswith("mathjax/input/tex-base.js") for p in files), sorted(files)
+    assert any(p.endswith("mathjax/input/tex/extensions/ams.js") for p in files), sorted(files)
+    assert not any(p.endswith("mathjax/input/tex.js") for p in files), sorted(files)
     assert any(p.endswith(".woff") and "mathjax" in p for p in files), sorted(files)
     assert breakdown(files)["image"] > 0
 
