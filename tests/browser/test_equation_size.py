@@ -76,4 +76,4 @@ def test_display_equations_keep_mathjax_size(sizes):
     assert not bad, f"{width}:\n" + "\n".join(bad)
     if "desktop" in width:  # most equations fit a laptop's column at MathJax's size
         full = [eq for eq in s["display"] if eq["ratio"] / mathjax > 0.995]
-        assert len(full) >= 0.8 * len(s["display"]), f"{len(full)} of {len(s['display'])}"
+        assert len(full) > 0.5 * len(s["display"]), f"{len(full)} of {len(s['display'])}"
