@@ -1,7 +1,8 @@
 /* Site-wide script (Jupyter Book adds every .js in _static/ to every page). Keep it small.
  *
  * 1. Wide math fits its column: once MathJax has typeset the page (and on resize), a display
- *    equation wider than the column is scaled down, to at most MIN_SCALE; beyond that it scrolls.
+ *    equation wider than the column is scaled down from MathJax's own size (which matches the
+ *    text's x-height), to at most MIN_SCALE of it; beyond that it scrolls.
  *    So does an inline formula wider than its line (book.css: rlg-wide).
  * 2. Table 1 (rlgates.table(), laid out as a grid by book.css) stacks f and f' under the method's
  *    name when side by side they would not fit, instead of cutting a formula.
@@ -11,7 +12,7 @@
  */
 (function () {
   "use strict";
-  var MIN_SCALE = 0.75;
+  var MIN_SCALE = 0.7;  // eq. 8.2, the widest, fits a laptop's column at 0.72
   var TABLE1 = ".bd-article .cell_output table";
 
   function isTable1(t) {
@@ -22,11 +23,23 @@
   // the natural width of a formula: scrollWidth for a display box, the box itself when inline
   function width(el) { return Math.max(el.scrollWidth, el.getBoundingClientRect().width); }
 
+  // MathJax's own size for a formula: the inline font-size it set ("126.6%": its fonts scaled to
+  // the text's x-height), read once, before any fit; "" when it set none (100 %)
+  function ownSize(el) {
+    if (el.dataset.rlgSize === undefined) el.dataset.rlgSize = el.style.fontSize;
+    return el.dataset.rlgSize;
+  }
+
+  // back to MathJax's size; then, if wider than its box, smaller by up to MIN_SCALE of that size
   function fit(el, box) {
-    el.style.fontSize = "";
+    var own = ownSize(el);
+    el.style.fontSize = own;
     var need = Math.max(width(el), box === el ? 0 : box.scrollWidth), have = box.clientWidth;
     if (need > have + 1 && have > 0) {
-      el.style.fontSize = (100 * Math.max(MIN_SCALE, (have - 2) / need)).toFixed(1) + "%";
+      var scale = Math.max(MIN_SCALE, (have - 2) / need);
+      el.style.fontSize = /%$/.test(own) || !own
+        ? ((parseFloat(own) || 100) * scale).toFixed(1) + "%"
+        : (parseFloat(getComputedStyle(el).fontSize) * scale).toFixed(2) + "px";
     }
   }
 
@@ -37,7 +50,7 @@
       t.classList.remove("rlg-stacked");
       var wide = t.scrollWidth > t.clientWidth + 1;
       t.querySelectorAll("td mjx-container").forEach(function (m) {
-        m.style.fontSize = "";
+        m.style.fontSize = ownSize(m);
         if (width(m) > m.closest("td").clientWidth + 1) wide = true;
       });
       if (wide) t.classList.add("rlg-stacked");

@@ -7,6 +7,12 @@ import numpy as np
 from .figures import GatePanels, default_lim, plane
 from .methods import get
 
+#: Pixels per CSS pixel of the live figure: 1, where the book's static figures have 1.5
+#: (notebook.IMAGE_SCALE). A move then draws and encodes 2.25x fewer pixels (a PNG of about 86
+#: instead of 130 kB) and takes about a fifth less of the kernel's time
+#: (benchmarks/jupyterlab_slider.py); the image is a little softer on a high-density screen.
+LIVE_SCALE = 1.0
+
 
 def axis_lim(method, base):
     """Half-height of the log ρ axis that keeps every clip bound of `method` in view: `base`, or
@@ -24,13 +30,10 @@ def explore(name, **panel_kwargs):
     Only useful in a live kernel: a static web page cannot move a slider, so the book pairs each
     call with `plot_small_multiples`, which carries the same information. As in the web explorer,
     the log ρ axis widens when a clip bound would leave it (and says so), and narrows back. The
-    image is drawn at `IMAGE_SCALE` x the figure's dpi and shown at its 100-dpi size, so it is as
-    sharp as the book's inline figures.
+    image is drawn at `LIVE_SCALE` x the figure's dpi and shown at its 100-dpi size.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
-
-    from .notebook import IMAGE_SCALE
 
     method = get(name)
     adv_lim = panel_kwargs.pop("adv_lim", 1.0)
@@ -41,7 +44,7 @@ def explore(name, **panel_kwargs):
     panel_kwargs.setdefault("signal_max", float(np.abs(start.signal).max()) or 1.0)
     panels = GatePanels(method, adv_lim=adv_lim, log_ratio_lim=lim, live=True, **panel_kwargs)
     plt.close(panels.fig)  # shown through the Image widget below, not by the inline backend
-    dpi = panels.fig.get_dpi() * IMAGE_SCALE
+    dpi = panels.fig.get_dpi() * LIVE_SCALE
     css_width = f"{round(panels.fig.get_figwidth() * panels.fig.get_dpi())}px"
     image = w.Image(value=panels.png(dpi=dpi), format="png", width=css_width)
     sliders = {}

@@ -10,7 +10,9 @@
 - Lighter pages (after the build, in every page): no fontawesome.js (1.4 MB; the theme's CSS
   already draws its icons from the Font Awesome web fonts, and the JS only serves custom icons),
   no search index and search scripts outside search.html (search-as-you-type is off), and the
-  theme CSS keeps only the Font Awesome icon rules that some page or script uses.
+  theme CSS keeps only the Font Awesome icon rules that some page or script uses; then
+  scripts/lighter_assets.py prunes the theme's style sheets, subsets the icon fonts and unlinks
+  unused extension assets (see there).
 """
 
 from __future__ import annotations
@@ -174,6 +176,9 @@ def _lighter_pages(app, exc):
         f"book_web: lighter pages: {n_pages} pages without fontawesome.js and (but search.html) "
         f"the search index; theme CSS {before // 1024} -> {after // 1024} kB "
         f"({len(used)} icon names kept)")
+    import lighter_assets  # scripts/ is on sys.path (_config_inited)
+
+    logging.getLogger(__name__).info(f"book_web: {lighter_assets.lighten(out)}")
 
 
 def _exercise_numbers_only(app, env):

@@ -10,9 +10,11 @@ It is installed here, at set-up time, from a package registry and never committe
    (downloaded with pip, not installed; also checked against its pinned SHA-256).
 
 Only the parts a page can load are kept: the startup loader and the components the book's
-MathJax configuration loads (_config.yml: TeX input, CHTML output, assistive MathML; not the
-420 kB context menu), the fonts, the TeX extensions TeX may autoload, and the combined tex-chtml
-component and the other accessibility and menu modules for anyone who configures them back.
+MathJax configuration loads (_config.yml: TeX input with its base package and the AMS extension,
+CHTML output, assistive MathML; not the 420 kB context menu, nor the 180 kB `input/tex` with
+packages the book does not use), the fonts, the TeX extensions, and the full TeX input, the
+combined tex-chtml component and the other accessibility and menu modules for anyone who
+configures them back.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ NPM_SHA256 = "1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09"
 PYPI_WHEEL = f"django-static-mathjax=={MATHJAX_VERSION}.1"
 PYPI_SHA256 = "05ad109fd9e5d9d380c76389689b7f523e9ccb7f7a85c1eb962c7564eac7601d"
 #: Paths inside MathJax's es5/ folder that the book serves.
-KEEP = ("startup.js", "core.js", "input/tex.js", "output/chtml.js", "output/chtml/fonts/tex.js",
-        "tex-chtml.js", "a11y/", "ui/", "input/tex/extensions/", "output/chtml/fonts/woff-v2/",
-        "sre/")
+KEEP = ("startup.js", "core.js", "input/tex-base.js", "input/tex/extensions/ams.js",
+        "output/chtml.js", "output/chtml/fonts/tex.js", "input/tex.js", "tex-chtml.js", "a11y/",
+        "ui/", "input/tex/extensions/", "output/chtml/fonts/woff-v2/", "sre/")
 STAMP = MATHJAX_DIR / ".installed"
 ENTRY = MATHJAX_DIR / "startup.js"
 #: Files the book's pages load (a copy made before they were kept is installed again).

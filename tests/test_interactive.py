@@ -11,7 +11,7 @@ import pytest
 matplotlib.use("Agg")
 
 import rlgates  # noqa: E402
-from rlgates.interactive import axis_lim  # noqa: E402
+from rlgates.interactive import LIVE_SCALE, axis_lim  # noqa: E402
 from rlgates.notebook import IMAGE_SCALE, figure_png, smallest_text_pt  # noqa: E402
 
 pytest.importorskip("ipywidgets")
@@ -41,10 +41,10 @@ def test_explore_axis_follows_the_bounds_and_comes_back():
     slider.value = 0.28
     assert panels.lim == pytest.approx(base)
     assert box.children[1].value == ""
-    # drawn at IMAGE_SCALE x the figure's dpi, shown at its 100-dpi size
+    # drawn at LIVE_SCALE x the figure's dpi, shown at its 100-dpi size
     w, _h = Image.open(io.BytesIO(box.image.value)).size
     css = int(box.image.width.removesuffix("px"))
-    assert w == pytest.approx(css * IMAGE_SCALE, abs=2)
+    assert w == pytest.approx(css * LIVE_SCALE, abs=2)
 
 
 def test_figure_png_records_size_and_smallest_text():

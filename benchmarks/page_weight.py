@@ -1,0 +1,167 @@
+"""What each page of the built book weighs: every byte a reader's browser loads to show it.
+
+    .venv/bin/python benchmarks/page_weight.py [--book _build/html] [--top 10] [--phone]
+
+Each page is opened in headless Chromium (the browser tests' Chromium and localhost-only
+network, tests/browser/bookserver.py) in a fresh context, so nothing comes from a cache. The page
+is left to settle: MathJax has typeset it (its components and fonts are loaded on demand, so a
+page loads only the ones it uses), the web fonts are in, and every image is loaded, the lazy ones
+and those inside folded solutions too. A page's weight is the sum of the sizes of the files it
+requested from the book (HTML, CSS, JavaScript, fonts, images, MathJax components), as served,
+without compression. Reported: each page's total with a breakdown, and the heaviest page.
+Target: no page over 1.5 MB (10^6 bytes to the MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import sys
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
+from bookserver import BOOK, CHROMIUM, LAUNCH_ARGS, QuietHandler  # noqa: E402
+
+LIMIT = 1_500_000  # bytes: the heaviest page may weigh this much
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+SKIP_DIRS = {"_static", "_sources", "_images", "reports"}
+
+# Settled: MathJax typeset, solutions open, every image loaded, every web font in.
+SETTLE = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  await Promise.all([...document.images].map(i => {
+    i.loading = 'eager'; return i.decode().catch(() => null); }));
+  await document.fonts.ready;
+  await new Promise(r => setTimeout(r, 200));
+  await document.fonts.ready;
+  return true;
+}"""
+
+
+def pages(book_dir: Path) -> list[str]:
+    """Every page of the book, relative to its folder (not the assets' own HTML)."""
+    return [p.relative_to(book_dir).as_posix() for p in sorted(book_dir.rglob("*.html"))
+            if not SKIP_DIRS.intersection(p.relative_to(book_dir).parts[:-1])]
+
+
+def kind(path: str) -> str:
+    """The kind of a file, for the breakdown."""
+    if "/mathjax/" in path:
+        return "mathjax"
+    suffix = path.rsplit(".", 1)[-1].lower()
+    return {"html": "html", "css": "css", "js": "js", "woff": "font", "woff2": "font",
+            "ttf": "font", "eot": "font", "otf": "font", "png": "image", "svg": "image",
+            "jpg": "image", "jpeg": "image", "gif": "image", "webp": "image",
+            "ico": "image"}.get(suffix, "other")
+
+
+@contextmanager
+def serve(book_dir: Path):
+    """The book on a localhost port, as the browser tests serve it."""
+    handler = functools.partial(QuietHandler, directory=str(book_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def page_weight(browser, base_url: str, book_dir: Path, rel: str, viewport=DESKTOP,
+                **context_kwargs) -> dict:
+    """The files one page loads: {"files": {path: bytes}, "total": bytes, "missing": [urls]}."""
+    context = browser.new_context(viewport=viewport, **context_kwargs)
+    requested: list[str] = []
+    context.on("request", lambda r: requested.append(r.url))
+    try:
+        page = context.new_page()
+        page.set_default_timeout(120_000)  # a busy machine
+        page.goto(base_url + rel, wait_until="load")
+        page.evaluate(SETTLE)
+        page.wait_for_load_state("networkidle")
+    finally:
+        context.close()
+    files, missing = {}, []
+    for url in requested:
+        u = urlsplit(url)
+        if u.scheme in ("data", "blob", "about"):
+            continue  # inside a file already counted
+        if not url.startswith(base_url):
+            missing.append(url)
+            continue
+        path = unquote(u.path).lstrip("/") or "index.html"
+        f = book_dir / path
+        if f.is_dir():
+            f, path = f / "index.html", f"{path.rstrip('/')}/index.html"
+        if f.is_file():
+            files[path] = f.stat().st_size
+        else:
+            missing.append(url)
+    return {"files": files, "total": sum(files.values()), "missing": missing}
+
+
+def breakdown(files: dict[str, int]) -> Counter:
+    out = Counter()
+    for path, size in files.items():
+        out[kind(path)] += size
+    return out
+
+
+def measure(book_dir: Path = BOOK, viewport=DESKTOP, only=None, **context_kwargs) -> dict:
+    """{page: page_weight(...)} for every page of the book (or those in `only`)."""
+    from playwright.sync_api import sync_playwright
+
+    chosen = only or pages(book_dir)
+    out = {}
+    with serve(book_dir) as base_url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        try:
+            for rel in chosen:
+                out[rel] = page_weight(browser, base_url, book_dir, rel, viewport,
+                                       **context_kwargs)
+        finally:
+            browser.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--book", type=Path, default=BOOK, help="the built book (_build/html)")
+    ap.add_argument("--top", type=int, default=0, help="list only the N heaviest pages")
+    ap.add_argument("--phone", action="store_true", help="at 390 px, as a phone (else 1280 px)")
+    ap.add_argument("--files", action="store_true", help="list the heaviest page's files")
+    ap.add_argument("pages", nargs="*", help="pages to measure (default: all)")
+    args = ap.parse_args(argv)
+    book_dir = args.book.resolve()
+    kw = {"is_mobile": True, "has_touch": True} if args.phone else {}
+    weights = measure(book_dir, PHONE if args.phone else DESKTOP, args.pages or None, **kw)
+    ranked = sorted(weights.items(), key=lambda kv: -kv[1]["total"])
+    kinds = ["html", "css", "js", "mathjax", "font", "image", "other"]
+    print(f"{'page':<40} {'total kB':>9} " + " ".join(f"{k:>8}" for k in kinds))
+    for rel, w in ranked[:args.top or None]:
+        b = breakdown(w["files"])
+        print(f"{rel:<40} {w['total'] / 1000:9.0f} "
+              + " ".join(f"{b[k] / 1000:8.0f}" for k in kinds))
+    rel, heaviest = ranked[0]
+    print(f"\n{len(weights)} pages at {'390' if args.phone else '1280'} px; heaviest: {rel}, "
+          f"{heaviest['total'] / 1e6:.2f} MB (target <= {LIMIT / 1e6:.1f} MB)")
+    if args.files:
+        for path, size in sorted(heaviest["files"].items(), key=lambda kv: -kv[1]):
+            print(f"  {size / 1000:8.1f} kB  {path}")
+    missing = sorted({u for w in weights.values() for u in w["missing"]})
+    if missing:
+        print("requested but not in the book:\n  " + "\n  ".join(missing))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
