@@ -3,8 +3,9 @@
 Every page is opened once at 1280 px (a laptop) and once at 390 px (a phone: touch, mobile
 viewport), and everything the page checks need is read there, in order: INSPECT (test_book:
 errors, images, math, links), MEASURE (test_layout, on the chapters and the index: figures, code,
-equations, Table 1) and FORMULAS (test_reader: every formula's box and the page's width; it
-opens the solutions, so it runs last). A page is read once it has settled: MathJax's first
+equations, Table 1), FORMULAS (test_reader: every formula's box and the page's width; it
+opens the solutions) and, on a page with a table, the key-column check of test_tables (last: it
+deletes a style rule for its negative control). A page is read once it has settled: MathJax's first
 typeset done, its fonts loaded, every image decoded.
 
 The two widths are visited in two threads, each with a Chromium of its own (Playwright's sync API
@@ -159,6 +160,79 @@ FORMULAS = r"""async () => {
 }"""
 
 
+# For the table check (test_tables.py), last on a page since it changes the page: every
+# fold open (a solution's table counts once the reader opens it), then MathJax and
+# book.js's layout pass.
+OPEN_FOLDS = """async () => {
+  document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  if (document.fonts) await document.fonts.ready;
+  for (let i = 0; i < 3; i++) await new Promise(r => requestAnimationFrame(r));
+}"""
+
+# Every table wider than its box, scrolled to its right end: where its first column's cells are.
+KEY_COLUMN = r"""() => {
+  const vw = document.documentElement.clientWidth, vh = window.innerHeight;
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const tables = [...document.querySelectorAll('.bd-article table')];
+  const out = [];
+  tables.forEach((table, index) => {
+    let box = table.parentElement;
+    while (box && box !== document.body && !scrolls(box)) box = box.parentElement;
+    if (!box || box === document.body) box = document.scrollingElement;  // the page itself
+    if (table.scrollWidth <= box.clientWidth + 1) return;  // fits: nothing to scroll
+    const cells = [...table.rows].map(r => r.cells[0]).filter(Boolean);
+    box.scrollLeft = box.scrollWidth;
+    const boxRect = box === document.scrollingElement
+      ? {left: 0, right: vw} : box.getBoundingClientRect();
+    const problems = [];
+    cells.forEach((cell, row) => {
+      // bring the cell's row into the window vertically (scrollBy leaves the box's scroll alone)
+      let r = cell.getBoundingClientRect();
+      window.scrollBy(0, r.top - vh / 3);
+      r = cell.getBoundingClientRect();
+      const left = Math.max(r.left, boxRect.left), right = Math.min(r.right, boxRect.right);
+      const name = cell.innerText.trim().split('\n')[0].slice(0, 40);
+      if (r.left < -0.5 || r.right > vw + 0.5 || r.left < boxRect.left - 0.5
+          || r.right > boxRect.right + 0.5) {
+        problems.push(`row ${row} (${name}): cell at ${Math.round(r.left)}..${Math.round(r.right)} px,`
+          + ` box ${Math.round(boxRect.left)}..${Math.round(boxRect.right)}, viewport 0..${vw}`);
+        return;
+      }
+      const x = (left + right) / 2, y = r.top + Math.min(r.height / 2, 12);
+      const hit = document.elementFromPoint(x, y);
+      if (!hit || !cell.contains(hit)) {
+        problems.push(`row ${row} (${name}): covered at (${Math.round(x)}, ${Math.round(y)}) by `
+          + (hit ? hit.tagName + '.' + hit.className : 'nothing'));
+      }
+    });
+    const firstRight = cells.length ? cells[0].getBoundingClientRect().width : 0;
+    out.push({index, width: Math.round(table.scrollWidth), box: box.clientWidth,
+              scrolled: Math.round(box.scrollLeft), firstWidth: Math.round(firstRight),
+              head: (cells[0] ? cells[0].innerText.trim() : '').slice(0, 40), problems});
+    box.scrollLeft = 0;
+  });
+  window.scrollTo(0, 0);
+  return out;
+}"""
+
+# The stylesheet rule under test, found by what it does; deleted for the negative control.
+DROP_STICKY_RULE = r"""() => {
+  let dropped = 0;
+  for (const sheet of document.styleSheets) {
+    if (!(sheet.href || '').includes('book.css')) continue;
+    const rules = sheet.cssRules;
+    for (let i = rules.length - 1; i >= 0; i--) {
+      const rule = rules[i];
+      if (rule.selectorText && rule.selectorText.includes('pst-scrollable-table-container')
+          && rule.style.position === 'sticky') { sheet.deleteRule(i); dropped++; }
+    }
+  }
+  return dropped;
+}"""
+
+
 def pages(book_dir: Path) -> list[str]:
     out = [p.relative_to(book_dir).as_posix() for p in sorted(book_dir.rglob("*.html"))
            if not SKIP_DIRS.intersection(p.relative_to(book_dir).parts[:-1])]
@@ -193,6 +267,18 @@ def open_page(ctx, url, problems, label):
     return Tab(ctx, problems).open(url, label)
 
 
+def read_tables(page) -> dict:
+    """KEY_COLUMN with the book's sticky rule, then (if a table scrolls) without it: the
+    negative control of test_tables.py. Leaves the page changed: read it last."""
+    page.evaluate(OPEN_FOLDS)
+    tables = page.evaluate(KEY_COLUMN)
+    if not tables:
+        return {"tables": tables, "dropped": None, "bare": []}
+    dropped = page.evaluate(DROP_STICKY_RULE)
+    page.evaluate(OPEN_FOLDS)
+    return {"tables": tables, "dropped": dropped, "bare": page.evaluate(KEY_COLUMN)}
+
+
 def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
            stop: threading.Event) -> dict:
     """Every page at one width, in a Chromium of this thread's own."""
@@ -213,6 +299,8 @@ def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
                 seen[rel]["measure"] = page.evaluate(MEASURE)
             if rel not in NO_ARTICLE:
                 seen[rel]["formulas"] = page.evaluate(FORMULAS)
+            if "<table" in (book_dir / rel).read_text(encoding="utf-8"):
+                seen[rel]["tables"] = read_tables(page)
         ctx.close()
         browser.close()
     return {"pages": seen, "problems": problems, "blocked": ctx.blocked}
