@@ -1,6 +1,8 @@
 """Bad input gives clear errors; extreme and low-precision input keeps sane numbers."""
 
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -193,22 +195,24 @@ def _mask_callers():
         "offpolicy.Unweighted.weight": lambda mk: offpolicy.Unweighted().weight(
             logp, logp_old, mk),
     }
-    try:  # the trainer adapters import their trainer
-        from rlgates.trainers import trl as rt
-        callers["trainers.trl.trl_loss"] = lambda mk: rt.trl_loss(m, logp, logp_old, adv, mk,
-                                                                  "dapo")
-    except ImportError:
-        pass
-    try:
-        from rlgates.trainers import verl as rv
-        callers["trainers.verl.policy_loss"] = lambda mk: rv.policy_loss(m)(
-            logp_old, logp, adv[:, None].expand_as(logp), mk)[0]
-    except ImportError:
-        pass
+    # the trainer adapters import their trainer (~20 s of CPU): when called, not at collection
+    if importlib.util.find_spec("trl"):
+        def trl_loss(mk):
+            from rlgates.trainers import trl as rt
+            return rt.trl_loss(m, logp, logp_old, adv, mk, "dapo")
+        callers[TRAINER_CALLERS[0]] = trl_loss
+    if importlib.util.find_spec("verl"):
+        def verl_policy_loss(mk):
+            from rlgates.trainers import verl as rv
+            return rv.policy_loss(m)(logp_old, logp, adv[:, None].expand_as(logp), mk)[0]
+        callers[TRAINER_CALLERS[1]] = verl_policy_loss
     return callers
 
 
-_CALLERS = sorted(_mask_callers())
+TRAINER_CALLERS = ("trainers.trl.trl_loss", "trainers.verl.policy_loss")
+# the adapters' cases run on the xdist worker that has imported the trainers (tests/test_trainers.py)
+_CALLERS = [pytest.param(c, marks=pytest.mark.xdist_group("trainers")) if c in TRAINER_CALLERS
+            else c for c in sorted(_mask_callers())]
 
 
 def _good_mask():

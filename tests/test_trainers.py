@@ -23,15 +23,27 @@ import math
 
 import pytest
 import torch
-from trl import GRPOTrainer
-from verl.trainer.ppo.core_algos import get_policy_loss_fn
-from verl.workers.config import FSDPActorConfig
 
 import rlgates
 from rlgates import trainers as rt
-from rlgates.trainers import trl as rtrl
-from rlgates.trainers import verl as rverl
-from tests.trl_run import DATA, MAX_LEN, config, reward_words, tiny_model, tiny_tokenizer
+
+# Under xdist one worker runs this group (pyproject.toml: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("trainers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trainers():
+    """TRL and verl, imported when the first test here runs rather than when pytest collects the
+    module: every xdist worker collects every module, and these imports cost ~20 s of CPU."""
+    global GRPOTrainer, get_policy_loss_fn, FSDPActorConfig, rtrl, rverl
+    global DATA, MAX_LEN, config, reward_words, tiny_model, tiny_tokenizer
+    from trl import GRPOTrainer
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import FSDPActorConfig
+
+    from rlgates.trainers import trl as rtrl
+    from rlgates.trainers import verl as rverl
+    from tests.trl_run import DATA, MAX_LEN, config, reward_words, tiny_model, tiny_tokenizer
 
 
 def byo_soft():
