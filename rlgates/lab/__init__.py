@@ -17,6 +17,7 @@ from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
 from . import loop, report, task
 from .loop import (
+    Arm,
     LabConfig,
     LabResult,
     Rollout,
@@ -43,7 +44,7 @@ from .report import (
 from .task import PatternTask
 
 __all__ = [
-    "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
+    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
     "format_interval", "interval", "method_color", "method_name", "metric_doc",
     "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
     "run_many", "summary",
