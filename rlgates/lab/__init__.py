@@ -6,6 +6,7 @@
     >>> runs[0].metrics["reward"][-1], runs[0].final("entropy")
     >>> many = lab.run_many(["ppo", "dapo"], seeds=range(10), config=cfg)
     >>> lab.paired_difference(many, "dapo", "ppo", "reward")  # mean and 95 % interval
+    >>> lab.run_many({"k=0": lab.Arm("ppo", lag=0), "k=8": lab.Arm("ppo", lag=8)}, range(10))
 
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
 training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts

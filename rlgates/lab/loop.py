@@ -21,7 +21,10 @@ The ratio's anchor (`LabConfig.anchor`):
 
 Runs: `seeds` is a list; run r has its own initial weights, its own random stream
 (`torch.Generator(seed)`) and its own Adam state and gradient-norm clip, so run r of a batched
-call equals a call with `seeds=[seed_r]` alone (tested), only faster.
+call equals a call with `seeds=[seed_r]` alone (tested), only faster. `run_many` batches the
+arms of a comparison the same way: each arm (`Arm`: a method, and its own anchor, lag or
+aggregation if they differ) gets its own rows of runs, its own loss and diagnostics, and equals
+that arm trained alone (tested).
 """
 
 from __future__ import annotations
