@@ -47,6 +47,7 @@ from functools import cached_property
 import torch
 
 from . import _numerics as nx
+from .methods._base import Method
 
 
 class Missing(LookupError):
@@ -338,6 +339,8 @@ def _is_weight_mean(b):
 def _loss(b):
     if not callable(getattr(b.method, "loss", None)):
         raise Missing("loss")
+    if isinstance(b.method, Method) and type(b.method).loss is Method.loss:
+        return _runs_method_loss(b)
     logp, logp_old, adv = b.inputs
     n, w = b.rows(logp).shape[0], b.optional("is_weight")
     runs = zip(b.rows(logp), b.rows(logp_old), adv.reshape(n, *adv.shape[len(b.lead):]),
@@ -345,6 +348,21 @@ def _loss(b):
     kws = [{}] * n if w is None else [{"is_weight": x} for x in b.rows(w)]
     out = [b.method.loss(*run, b.agg, **kw) for run, kw in zip(runs, kws, strict=True)]
     return torch.stack(out).reshape(b.lead).to(b.logp.dtype)
+
+
+def _runs_method_loss(b):
+    """Every run's `Method.loss` in one pass: that loss is −aggregate(J_t·is_weight_t), and
+    aggregate(v) = Σ_t w_t·v_t with w_t the run's own aggregation weight (`Batch.weight`)."""
+    logp, logp_old, adv = b.inputs
+    rows = b.rows(logp)
+    flat = (lambda x: x.reshape(rows.shape[0] * rows.shape[1], *x.shape[len(b.lead) + 1:]))
+    checked = nx.check_loss_inputs(flat(logp), flat(logp_old), flat(adv), flat(b.mask), b.agg)
+    objective = b.method.token_objective(*checked).expand(checked[0].shape)
+    w = b.optional("is_weight")
+    if w is not None:
+        objective = objective * nx.check_is_weight(flat(w), checked[3], objective.dtype)
+    objective = torch.where(checked[3], objective, 0.0).reshape(logp.shape)
+    return -(objective.to(b.logp.dtype) * b.weight).sum((-2, -1))
 
 
 @torch.no_grad()

@@ -50,6 +50,31 @@ def test_run_r_of_the_batch_equals_run_r_alone(name, lag, anchor):
     assert max(batched[0].metrics["grad_norm"]) > 0.05
 
 
+def test_arms_trained_together_equal_each_arm_alone():
+    """run_many batches arms that differ in method, anchor, weight rule, lag and aggregation;
+    each arm's runs equal that arm trained alone, and a shared field may not differ."""
+    cfg = TINY.replace(steps=4, dtype="float64")
+    prox = cfg.replace(anchor="proximal")
+    arms = {"ppo": lab.Arm("ppo", lag=2), "sao k0": lab.Arm("sao", lag=0),
+            "mis": lab.Arm("ppo", prox.replace(correction=rlgates.offpolicy.Correction("mis")),
+                           lag=3),
+            "gspo seq": lab.Arm("gspo", prox, agg="seq-mean-token-mean")}
+    seeds = [5, 0]
+    together = lab.run_many(arms, seeds, config=cfg, lag=1)
+    for label, arm in arms.items():
+        lag = 1 if arm.lag is None else arm.lag
+        alone = lab.train(arm.method, arm.config or cfg, seeds, lag=lag,
+                          agg=arm.agg, progress=False)
+        for a, b in zip(together[label], alone, strict=True):
+            assert (a.lag, a.agg, a.config) == (b.lag, b.agg, b.config)
+            for key in lab.metric_doc():
+                x, y = torch.tensor(a.metrics[key]), torch.tensor(b.metrics[key])
+                assert torch.allclose(x, y, atol=1e-9, rtol=1e-7, equal_nan=True), (label, key)
+    assert together["ppo"][0].metrics["loss"] != together["mis"][0].metrics["loss"]  # arms differ
+    with pytest.raises(ValueError, match="may differ"):
+        lab.run_many({"a": lab.Arm("ppo", cfg.replace(lr=1e-2))}, seeds, config=cfg)
+
+
 def test_per_run_grad_clip_and_summed_loss_per_run():
     g = torch.Generator().manual_seed(0)
     R, b, T = 3, 5, 4

@@ -6,6 +6,7 @@
     >>> runs[0].metrics["reward"][-1], runs[0].final("entropy")
     >>> many = lab.run_many(["ppo", "dapo"], seeds=range(10), config=cfg)
     >>> lab.paired_difference(many, "dapo", "ppo", "reward")  # mean and 95 % interval
+    >>> lab.run_many({"k=0": lab.Arm("ppo", lag=0), "k=8": lab.Arm("ppo", lag=8)}, range(10))
 
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
 training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts
@@ -17,6 +18,7 @@ from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
 from . import loop, report, task
 from .loop import (
+    Arm,
     LabConfig,
     LabResult,
     Rollout,
@@ -43,7 +45,7 @@ from .report import (
 from .task import PatternTask
 
 __all__ = [
-    "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
+    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
     "format_interval", "interval", "method_color", "method_name", "metric_doc",
     "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
     "run_many", "summary",

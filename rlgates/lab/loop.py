@@ -21,11 +21,15 @@ The ratio's anchor (`LabConfig.anchor`):
 
 Runs: `seeds` is a list; run r has its own initial weights, its own random stream
 (`torch.Generator(seed)`) and its own Adam state and gradient-norm clip, so run r of a batched
-call equals a call with `seeds=[seed_r]` alone (tested), only faster.
+call equals a call with `seeds=[seed_r]` alone (tested), only faster. `run_many` batches the
+arms of a comparison the same way: each arm (`Arm`: a method, and its own anchor, lag or
+aggregation if they differ) gets its own rows of runs, its own loss and diagnostics, and equals
+that arm trained alone (tested).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections import deque
@@ -163,8 +167,17 @@ def default_agg(method) -> str:
 
 
 def _takes_is_weight(m) -> bool:
+    loss = getattr(m.loss, "__func__", m.loss)  # a method's function: one signature per class
     try:
-        return "is_weight" in inspect.signature(m.loss).parameters
+        return _has_is_weight(loss)
+    except TypeError:  # an unhashable callable
+        return _has_is_weight.__wrapped__(loss)
+
+
+@functools.lru_cache(maxsize=256)
+def _has_is_weight(loss) -> bool:
+    try:
+        return "is_weight" in inspect.signature(loss).parameters
     except (TypeError, ValueError):
         return False
 
@@ -241,19 +254,33 @@ def rollout(cfg, policy, generators, task=None) -> Rollout:
 
 
 @torch.no_grad()
-def _anchor(cfg, policy, batch):
-    """(log π_old of the ratio, the behaviour weight or None): the rollout's own log-probs, or
-    at the "proximal" anchor the policy's now, weighted by min(π_prox/π_behav, C) or by
-    `cfg.correction`'s rule."""
+def _anchor(cfg, prox, logp, mask):
+    """One arm's (log π_old of the ratio, behaviour weight or None), on its runs' rows: the
+    rollout's own log-probs `logp`, or at the "proximal" anchor the policy's now (`prox`),
+    weighted by min(π_prox/π_behav, C) or by `cfg.correction`'s rule."""
     if cfg.anchor == "behaviour":
-        return batch.logp, None
-    prox = policy.log_probs(batch.tokens, batch.prompts)
+        return logp, None
     if cfg.correction is None:
-        w = (prox - batch.logp).exp()
+        w = (prox - logp).exp()
         return prox, (w.clamp(max=cfg.is_cap) if cfg.is_cap else w)
     flat = (lambda x: x.flatten(0, 1))  # its own rule, on [R·B, T] rows
-    w = cfg.correction.weight(flat(prox), flat(batch.logp), flat(batch.mask))
+    w = cfg.correction.weight(flat(prox), flat(logp), flat(mask))
     return prox, w.view_as(prox).to(prox.dtype)
+
+
+@torch.no_grad()
+def _anchors(arms, policy, batch):
+    """Every arm's anchor (`_anchor`), as [R, B, T] tensors: (log π_old, behaviour weight or
+    None, which arms are weighted). π_prox is computed once, for all runs, if an arm needs it."""
+    prox = None
+    if any(a.config.anchor == "proximal" for a in arms):
+        prox = policy.log_probs(batch.tokens, batch.prompts)
+    parts = [_anchor(a.config, None if prox is None else prox[a.rows], batch.logp[a.rows],
+                     batch.mask[a.rows]) for a in arms]
+    weighted = [w is not None for _, w in parts]
+    is_w = torch.cat([torch.ones_like(old) if w is None else w for old, w in parts]) \
+        if any(weighted) else None
+    return torch.cat([old for old, _ in parts]), is_w, weighted
 
 
 def _take(runs, idx):
@@ -293,6 +320,86 @@ def _progress(label, steps, every):
     return show
 
 
+class Arm(NamedTuple):
+    """One arm of `run_many`: a method and, where it differs from the call's, its anchor
+    (`config`: only `ARM_FIELDS` may differ from the call's config), its lag and its
+    aggregation (None: the call's)."""
+
+    method: object
+    config: LabConfig | None = None
+    lag: int | None = None
+    agg: str | None = None
+
+
+#: The LabConfig fields in which the arms of one batched call may differ; every other field
+#: (sizes, steps, optimiser) is shared, since all arms train as one computation.
+ARM_FIELDS = ("anchor", "is_cap", "correction")
+
+
+class _Arm(NamedTuple):
+    """An arm as the loop runs it: its method object, aggregation, config, lag, and its runs'
+    rows (arm-major: arm a's seed i is row a·len(seeds) + i)."""
+
+    m: object
+    agg: str
+    config: LabConfig
+    lag: int
+    rows: slice
+
+
+def _check(cfg, lag, agg):
+    if lag < 0:
+        raise ValueError(f"lag must be ≥ 0, got {lag}")
+    if cfg.anchor not in ("behaviour", "proximal"):
+        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {cfg.anchor!r}")
+    if cfg.correction is not None and (cfg.anchor != "proximal"
+                                       or not callable(getattr(cfg.correction, "weight", None))):
+        raise ValueError("correction needs anchor='proximal' and a .weight(logp_prox, "
+                         f"logp_behav, mask) method, got {cfg.correction!r}")
+    if agg not in nx.AGG_MODES:
+        raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
+
+
+def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_ratios, hook=None):
+    """Train every arm ({label: Arm}) with every seed as one batched computation:
+    {label: [LabResult per seed]}. Each run depends on its own rows only, so run r of an arm
+    equals that arm trained alone (tested)."""
+    base = config or next((a.config for a in arms.values() if a.config is not None), None)
+    base = base or LabConfig.for_device("cpu")
+    base = base if steps is None else base.replace(steps=int(steps))
+    seeds, plan = [int(s) for s in seeds], []
+    for a, (label, arm) in enumerate(arms.items()):
+        m = resolve(arm.method)
+        own = base if arm.config is None else base.replace(
+            **{f: getattr(arm.config, f) for f in ARM_FIELDS})
+        if arm.config is not None and own != arm.config.replace(steps=base.steps):
+            raise ValueError(f"arm {label!r}: its config may differ from the call's only in "
+                             f"{ARM_FIELDS}")
+        arm_lag, arm_agg = lag if arm.lag is None else arm.lag, arm.agg or agg or default_agg(m)
+        _check(own, arm_lag, arm_agg)
+        plan.append(_Arm(m, arm_agg, own, arm_lag, slice(a * len(seeds), (a + 1) * len(seeds))))
+    if hook is not None and len(plan) > 1:
+        raise ValueError("hook= needs a single arm (lab.train)")
+    every = (max(1, base.steps // 5) if progress is True else int(progress)) if progress else 0
+    lags = sorted({a.lag for a in plan})
+    show = _progress(f"[{', '.join(map(str, arms))} lag {', '.join(map(str, lags))}, "
+                     f"{len(plan) * len(seeds)} runs]", base.steps, every)
+    threads = torch.get_num_threads()
+    if base.threads and torch.device(base.device).type == "cpu":
+        torch.set_num_threads(base.threads)
+    try:
+        table, kept = _train(plan, base, seeds, keep_log_ratios, hook, show)
+    finally:
+        torch.set_num_threads(threads)
+    out = {}
+    for label, a in zip(arms, plan, strict=True):
+        out[label] = [LabResult(method_name(a.m), s, a.lag, a.agg, a.config,
+                                {k: v[r].tolist() for k, v in table.items()},
+                                *(kept[r] if keep_log_ratios else (None, None)))
+                      for r, s in zip(range(a.rows.start, a.rows.stop), seeds, strict=True)]
+    return out
+
+
 def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None = None,
           lag: int = 0, agg: str | None = None, progress=True, keep_log_ratios: bool = False,
           hook=None) -> list[LabResult]:
@@ -314,55 +421,45 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         single seed the tensors have no runs dimension ([B, ...]).
     Same seeds, config and arguments → identical metrics (on the same device and torch).
     """
-    cfg = config or LabConfig.for_device("cpu")
-    cfg = cfg if steps is None else cfg.replace(steps=int(steps))
-    seeds = [int(s) for s in seeds]
-    if lag < 0:
-        raise ValueError(f"lag must be ≥ 0, got {lag}")
-    if cfg.anchor not in ("behaviour", "proximal"):
-        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {cfg.anchor!r}")
-    if cfg.correction is not None and (cfg.anchor != "proximal"
-                                       or not callable(getattr(cfg.correction, "weight", None))):
-        raise ValueError("correction needs anchor='proximal' and a .weight(logp_prox, "
-                         f"logp_behav, mask) method, got {cfg.correction!r}")
-    name, m = method_name(method), resolve(method)
-    agg = agg or default_agg(m)
-    if agg not in nx.AGG_MODES:
-        raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
-    every = (max(1, cfg.steps // 5) if progress is True else int(progress)) if progress else 0
-    show = _progress(f"[{name} lag {lag}, {len(seeds)} runs]", cfg.steps, every)
-    threads = torch.get_num_threads()
-    if cfg.threads and torch.device(cfg.device).type == "cpu":
-        torch.set_num_threads(cfg.threads)
-    try:
-        table, kept = _train(m, cfg, seeds, lag, agg, keep_log_ratios, hook, show)
-    finally:
-        torch.set_num_threads(threads)
-    return [LabResult(name, s, lag, agg, cfg, {k: v[r].tolist() for k, v in table.items()},
-                      *(kept[r] if keep_log_ratios else (None, None)))
-            for r, s in enumerate(seeds)]
+    name = method_name(method)
+    return _batched({name: Arm(method)}, config, seeds, steps, lag, agg, progress,
+                    keep_log_ratios, hook)[name]
 
 
-def _train(m, cfg, seeds, lag, agg, keep, hook, show):
-    """The loop, step by step: ROLLOUT, UPDATE, METRICS. Returns ({key: [R, steps]}, kept)."""
-    dev, R, task = torch.device(cfg.device), len(seeds), cfg.task()
+def _behaviour(history, plan, seeds):
+    """The rollout policy's weights: arm a's runs from the policy `a.lag` updates old (the
+    oldest kept at the start)."""
+    newest = len(history) - 1
+    picks = [history[max(0, newest - a.lag)] for a in plan]
+    if all(p is picks[0] for p in picks):
+        return picks[0]
+    return {k: torch.cat([p[k][a.rows] for a, p in zip(plan, picks, strict=True)])
+            for k in picks[0]}
+
+
+def _train(plan, cfg, seeds, keep, hook, show):
+    """The loop, step by step: ROLLOUT, UPDATE, METRICS, for every arm's runs at once (arm a's
+    own: its rows `a.rows`). Returns ({key: [R, steps]}, kept)."""
+    dev, task = torch.device(cfg.device), cfg.task()
+    all_seeds = seeds * len(plan)  # arm-major: every arm starts from the same seeds
+    R, lag = len(all_seeds), max(a.lag for a in plan)
     rare = task.rare_positions().to(dev)
-    policy = cfg.policy(seeds).to(dev)
-    behaviour = cfg.policy(seeds).to(dev).requires_grad_(False)  # the lagged copy
+    policy = cfg.policy(all_seeds).to(dev)
+    behaviour = cfg.policy(all_seeds).to(dev).requires_grad_(False)  # the lagged copy
     opt = _adam(policy.parameters(), cfg.lr)
-    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in all_seeds]
     runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
-    rows, kept, updates = [], [([], []) for _ in seeds], 0
+    rows, kept, updates = [], [([], []) for _ in all_seeds], 0
     for step in range(cfg.steps):
-        # ROLLOUT: from the behaviour policy (`lag` updates old), scored, group advantages
+        # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
         if lag:
-            behaviour.load_state_dict(history[0])
-        version = updates - (len(history) - 1)
+            behaviour.load_state_dict(_behaviour(history, plan, seeds))
+        versions = [updates - min(len(history) - 1, a.lag) for a in plan]
         batch = rollout(cfg, behaviour if lag else policy, gens, task)
-        logp_old, is_w = _anchor(cfg, policy, batch)  # the ratio's anchor, the behaviour weight
+        logp_old, is_w, weighted = _anchors(plan, policy, batch)  # the ratio's anchor, weight
         if hook is not None:
-            hook("rollout", _rollout_info(step, version, batch))
+            hook("rollout", _rollout_info(step, versions[0], batch))
 
         # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
         seen = []
@@ -373,8 +470,11 @@ def _train(m, cfg, seeds, lag, agg, keep, hook, show):
                 tok, at = batch.tokens[runs, idx], _take(runs, idx)
                 logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
                 logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
-                loss = summed_loss(m, logp, at(logp_old), at(batch.adv), at(batch.mask), agg,
-                                   is_weight=at(is_w))
+                old, adv, mask, w = at(logp_old), at(batch.adv), at(batch.mask), at(is_w)
+                loss = torch.stack([
+                    summed_loss(a.m, logp[a.rows], old[a.rows], adv[a.rows], mask[a.rows],
+                                a.agg, is_weight=w[a.rows] if wt else None)
+                    for a, wt in zip(plan, weighted, strict=True)]).sum()
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
@@ -390,15 +490,21 @@ def _train(m, cfg, seeds, lag, agg, keep, hook, show):
         idx, logp, ent, norms = zip(*seen, strict=True)
         idx, logp, ent = torch.cat(idx, 1), torch.cat(logp, 1), torch.cat(ent, 1)
         at = _take(runs, idx)
-        stats = diagnostics.step_stats(m, logp, at(logp_old), at(batch.adv), at(batch.mask),
-                                       ent, agg, is_weight=at(is_w), rewards=batch.rewards,
-                                       group=cfg.group)
-        rows.append({"step": torch.full((R,), float(step)), **stats,
+        old, adv, mask, w = at(logp_old), at(batch.adv), at(batch.mask), at(is_w)
+        stats = [diagnostics.step_stats(a.m, logp[a.rows], old[a.rows], adv[a.rows],
+                                        mask[a.rows], ent[a.rows], a.agg,
+                                        is_weight=w[a.rows] if wt else None,
+                                        rewards=batch.rewards[a.rows], group=cfg.group)
+                 for a, wt in zip(plan, weighted, strict=True)]
+        stale = [float(updates - v - (len(seen) + 1) / 2) for v in versions]
+        rows.append({"step": torch.full((R,), float(step)),
+                     **{k: torch.cat([s[k] for s in stats]) for k in stats[0]},
                      "rare": batch.right[..., rare].float().mean((1, 2)),
                      "grad_norm": torch.stack(norms).mean(0),
-                     "staleness": torch.full((R,), updates - version - (len(seen) + 1) / 2)})
+                     "staleness": torch.tensor(stale).repeat_interleave(len(seeds))})
         if keep:
-            _keep(kept, m, logp, at(logp_old), at(batch.adv), at(batch.mask))
+            for a in plan:
+                _keep(kept[a.rows], a.m, logp[a.rows], old[a.rows], adv[a.rows], mask[a.rows])
         if show:
             show(step, rows[-1])
     return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
@@ -406,31 +512,35 @@ def _train(m, cfg, seeds, lag, agg, keep, hook, show):
 
 def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=None, lag=0,
              agg=None, progress=False, keep_log_ratios=False) -> dict:
-    """Train every method with every seed: {label: [LabResult per seed]}.
+    """Train every method with every seed, all as one batched computation: {label: [LabResult
+    per seed]}.
 
-    methods: a list of names or method objects, or a dict {label: method}. The seeds of one
-    method train as one batched call; every method sees the same seeds, so run r of each method
-    starts from the same policy and draws its first rollout batch from the same stream.
+    methods: a list of names or method objects, or a dict {label: method or Arm}. An `Arm`
+    gives an arm its own anchor (its config, which may differ from `config` only in
+    `ARM_FIELDS`), lag or aggregation. Every arm sees the same seeds, so run r of each arm
+    starts from the same policy and draws its first rollout batch from the same stream; each run
+    depends on its own rows only, so run r of an arm equals that arm trained alone.
     progress: False (silent), True (one line per method) or "steps" (train()'s step lines).
     """
     items = methods.items() if isinstance(methods, dict) else (
         (method_name(m), m) for m in methods)
-    out = {}
-    for label, method in items:
-        t0 = time.perf_counter()
-        out[label] = train(method, config, seeds=seeds, steps=steps, lag=lag, agg=agg,
-                           progress=progress == "steps", keep_log_ratios=keep_log_ratios)
-        for res in out[label]:
+    arms = {label: m if isinstance(m, Arm) else Arm(m) for label, m in items}
+    t0 = time.perf_counter()
+    out = _batched(arms, config, seeds, steps, lag, agg, progress == "steps", keep_log_ratios)
+    for label, results in out.items():
+        for res in results:
             res.method = label
         if progress is True:
-            rewards = [r.final("reward") for r in out[label]]
-            print(f"[{label} lag {lag}] {len(rewards)} runs, final reward "
-                  f"{sum(rewards) / len(rewards):.3f} ({time.perf_counter() - t0:.1f} s)",
-                  flush=True)
+            rewards = [r.final("reward") for r in results]
+            print(f"[{label} lag {results[0].lag}] {len(rewards)} runs, final reward "
+                  f"{sum(rewards) / len(rewards):.3f}", flush=True)
+    if progress is True:
+        print(f"{len(out)} arms × {len(list(seeds))} seeds, trained together in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
     return out
 
 
 __all__ = [
-    "LAB_METRICS", "LabConfig", "LabResult", "Rollout", "default_agg", "method_name",
-    "metric_doc", "resolve", "rollout", "run_many", "summed_loss", "train",
+    "ARM_FIELDS", "Arm", "LAB_METRICS", "LabConfig", "LabResult", "Rollout", "default_agg",
+    "method_name", "metric_doc", "resolve", "rollout", "run_many", "summed_loss", "train",
 ]
