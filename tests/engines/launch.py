@@ -2,9 +2,6 @@
 
 Both engine test files (TRL, verl) run their script this way: each launch writes its numbers to
 the same JSON file, the one-process launch first (the two-process run may compare against it).
-The two scripts' launches run side by side (`start`, called for every engine script collected by
-tests/engines/conftest.py): one launch often leaves a core idle (a one-process run uses one), and
-a file's tests then wait only for their own script.
 """
 
 from __future__ import annotations
@@ -14,15 +11,12 @@ import os
 import socket
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # set by a launcher or by verl for its own process; a stale one would misplace the child
 _DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                     "VERL_PLATFORM", "VERL_ENGINE_DEVICE")
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine-launch")
-_STARTED: dict[Path, Future] = {}
 
 
 def _run(cmd, script, out, extra_env):
@@ -45,13 +39,6 @@ def one_and_two_processes(script: Path, out: Path, extra_env: dict | None = None
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
           "--master_addr", "127.0.0.1", "--master_port", port], script, out, extra_env or {})
     return json.loads(out.read_text())
-
-
-def start(script: Path, out: Path, extra_env: dict | None = None) -> Future:
-    """`one_and_two_processes` in a background thread, started once per script: its future."""
-    if script not in _STARTED:
-        _STARTED[script] = _POOL.submit(one_and_two_processes, script, out, extra_env)
-    return _STARTED[script]
 
 
 def rel(a, b):

@@ -32,12 +32,11 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests/engines/trl_runs.py"
 JSON = Path(os.environ.get("RLGATES_TRL_JSON", ROOT / "_build/engines/trl.json"))
-LAUNCH = (SCRIPT, JSON)  # started with the other engine files' (tests/engines/conftest.py)
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return launch.start(*LAUNCH).result()
+    return launch.one_and_two_processes(SCRIPT, JSON)
 
 
 CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean",

@@ -50,13 +50,10 @@ TOL = 1e-6  # rounding: float32 sums in another order
 METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 
 
-# the one-process launch first: the two-process run compares against its numbers
-LAUNCH = (SCRIPT, JSON, {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"})
-
-
 @pytest.fixture(scope="module")
 def runs():
-    return launch.start(*LAUNCH).result()  # started with the TRL launches (conftest.py)
+    # the one-process launch first: the two-process run compares against its numbers
+    return launch.one_and_two_processes(SCRIPT, JSON, {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"})
 
 
 # --- the environment -------------------------------------------------------------------------
