@@ -17,9 +17,6 @@ LOG_RATIO_CLAMP = 20.0
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-# mask dtypes `_bool_mask` checks with aminmax (and frac): what trainers pass
-_FAST_MASK_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8,
-                     torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -93,22 +90,14 @@ def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
 
 
 def _bool_mask(mask):
-    """A 0/1 float or int mask as bool. Its values are all 0 or 1 exactly when they lie in
-    [0, 1] (NaN fails the test) and have no fractional part: one min/max pass, and for floats
-    one `frac` pass and its max. Cheaper than comparing with 1 and counting (a trainer's float
-    mask is checked on every loss call); -0.0 counts as 0, a subnormal as a fraction."""
-    if mask.numel() == 0 or mask.is_complex() or mask.dtype not in _FAST_MASK_DTYPES:
-        ones = mask == 1  # empty, complex or a rare dtype: count the non-zeros that are not 1
-        if int(torch.count_nonzero(mask)) != int(torch.count_nonzero(ones)):
-            raise ValueError("mask must be bool or hold only 0 and 1")
-        return ones
-    low, high = torch.aminmax(mask)
-    valid = (low >= 0) & (high <= 1)
-    if mask.is_floating_point():
-        valid &= mask.frac().amax() == 0
-    if not bool(valid):
+    """A 0/1 float or int mask as bool (`mask == 1`). Its values are all 0 or 1 exactly when it
+    has as many non-zeros as ones (NaN, 0.5, 2, a subnormal are non-zeros that are not 1; -0.0
+    counts as 0). Two reductions and the bool mask, which is needed anyway: no temporary of the
+    mask's own width (a trainer's float mask is checked on every loss call)."""
+    ones = mask == 1
+    if int(torch.count_nonzero(mask)) != int(torch.count_nonzero(ones)):
         raise ValueError("mask must be bool or hold only 0 and 1")
-    return mask.bool()
+    return ones
 
 
 def check_is_weight(is_weight, mask, dtype):
@@ -155,9 +144,12 @@ def gate_log_ratio(logp, logp_old, mask, level="token"):
     return token_log_ratio(logp, logp_old, mask)
 
 
-def ratio_from_log(log_ratio):
-    """ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP))."""
-    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+def ratio_from_log(log_ratio, out=None):
+    """ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP)). exp works in place on the clamp's fresh output:
+    one [B, T] temporary fewer, the same values and gradient (exp's backward reads its result).
+    out: a tensor to write ρ into (log_ratio itself, if it needs no gradient and is not needed
+    again), so that even the clamp makes no temporary."""
+    return torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP, out=out).exp_()
 
 
 def aggregate(values, mask, agg):
@@ -228,7 +220,8 @@ class _StrictClamp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return torch.where((x > ctx.low) & (x < ctx.high), grad, 0.0), None, None
+        inside = (x > ctx.low).logical_and_(x < ctx.high)  # in place: one bool temporary fewer
+        return torch.where(inside, grad, 0.0), None, None
 
 
 def strict_clamp(x, low, high):
