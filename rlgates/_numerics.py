@@ -189,16 +189,39 @@ def aggregate(values, mask, agg):
     except (RuntimeError, AttributeError):
         shape = values.shape
     mask = check_mask(mask, shape)
-    masked = torch.where(mask, values, 0.0)
     if agg == "token-mean":
-        return masked.sum() / torch.count_nonzero(mask).clamp(min=1)
+        return _MaskedSum.apply(values, mask, None) / torch.count_nonzero(mask).clamp(min=1)
     lengths = row_counts(mask)
-    per_seq = masked.sum(-1)
+    per_seq = _MaskedSum.apply(values, mask, -1)
     if agg == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
     elif agg == "seq-mean-token-sum-norm":
         per_seq = per_seq / max(mask.shape[-1], 1)
     return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
+
+
+class _MaskedSum(torch.autograd.Function):
+    """Σ of `values` over the real tokens (all of them, or each row's with dim=-1); padding,
+    even NaN or ±inf, adds nothing and gets zero gradient. Its backward is the mask times the
+    incoming gradient, a cast and an in-place product: cheaper on the CPU than the `where` that
+    autograd would run for torch.where(mask, values, 0).sum()."""
+
+    @staticmethod
+    def forward(ctx, values, mask, dim):
+        ctx.save_for_backward(mask)
+        ctx.shape, ctx.dim = values.shape, dim
+        masked = torch.where(mask, values, 0.0)
+        return masked.sum() if dim is None else masked.sum(dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        if ctx.dim is not None:
+            grad = grad.unsqueeze(ctx.dim)
+        grad_values = mask.to(grad.dtype).mul_(grad)
+        if grad_values.shape != ctx.shape:  # values broadcast against the mask ([B, 1])
+            grad_values = grad_values.sum_to_size(ctx.shape)
+        return grad_values, None, None
 
 
 def aggregation_weight(mask, agg):
