@@ -6,8 +6,10 @@
 For each (method, size, device) it prints the time per step of rlgates and of the reference
 (`rlgates.reference`, the big trainers' eager style) run in the same process, as the median of
 --reps steps with their min-max spread, their ratio (rlgates / reference: ≤ 1.0 means no
-slower), the ratio against the reference given a mask that needs no cast (ref0), the ratio of CPU
-times (steadier on a shared machine), and the peak memory of each. Peak memory is measured
+slower) with the min-max of the ratios of the steps run side by side (one of each per repeat,
+so that they share the machine's load), the ratio against the reference given a mask that needs
+no cast (ref0), the ratio of CPU times (steadier on a shared machine) with its paired min-max,
+and the peak memory of each. Peak memory is measured
 in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
 torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
 training lab's throughput.
@@ -70,8 +72,10 @@ def sync(device):
 def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     """Seconds per step of rlgates, the reference, and the reference given its mask already in
     the compute dtype ("ref0": it casts nothing; with a float mask it is the reference itself),
-    interleaved to share the noise. Returns {impl: (median, min, max, median CPU seconds)}: the
-    CPU time (this process's, all threads) is steadier than the wall time on a shared machine."""
+    interleaved to share the noise. Returns {impl: (median, min, max, median CPU seconds)} and
+    {"wall": [...], "cpu": [...]}, the ratios rlgates / reference of each repeat's pair of steps.
+    The CPU time (this process's, all threads) is steadier than the wall time on a shared
+    machine."""
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
     runs = {impl: (step_fn(name, impl), inputs) for impl in ("rlgates", "reference")}
     if mask_dtype != inputs[0].dtype:
@@ -90,7 +94,10 @@ def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     out = {impl: (statistics.median(t), min(t), max(t), statistics.median(cpu[impl]))
            for impl, t in wall.items()}
     out.setdefault("ref0", out["reference"])
-    return out
+    paired = {kind: [a / b for a, b in zip(times["rlgates"], times["reference"],
+                                                 strict=True)]
+              for kind, times in (("wall", wall), ("cpu", cpu))}
+    return out, paired
 
 
 class PeakTensorMemory(TorchDispatchMode):
@@ -180,11 +187,12 @@ def main(argv=None):
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; median of {args.reps} steps "
-          "[min-max] in ms; ratio = rlgates / reference median (≤ 1.0 is no slower); ref0: the "
-          "reference given its mask in the compute dtype (casts nothing); cpu: the ratio of "
-          "median CPU times")
+          "[min-max] in ms; ratio = rlgates / reference median (≤ 1.0 is no slower) [min-max "
+          "of the repeats' paired ratios]; ref0: the reference given its mask in the compute "
+          "dtype (casts nothing); cpu: the ratio of median CPU times [paired min-max]")
     header = (f"{'method':<9} {'mask':<5} {'tokens':>6} {'device':<6} {'rlgates ms':>17} "
-              f"{'ref ms':>17} {'ratio':>6} {'ref0':>6} {'cpu':>5} {'rlgates MB':>11} "
+              f"{'ref ms':>17} {'ratio [paired]':>17} {'ref0':>6} {'cpu [paired]':>17} "
+              f"{'rlgates MB':>11} "
               f"{'ref MB':>8} {'mem ratio':>9}")
     print(header)
     print("-" * len(header))
@@ -195,7 +203,7 @@ def main(argv=None):
             for name in args.methods:
                 for mask_name in args.masks:
                     md = MASKS[mask_name]
-                    t = time_pair(name, tokens, device, args.reps, md)
+                    t, paired = time_pair(name, tokens, device, args.reps, md)
                     if args.no_memory:
                         mem = {"rlgates": float("nan"), "reference": float("nan")}
                     else:
@@ -208,10 +216,12 @@ def main(argv=None):
                            rl[0] / t["ref0"][0], rl[3] / ref[3])
                     rows.append(row)
                     spread = {k: f"[{v[1] * 1e3:.0f}-{v[2] * 1e3:.0f}]" for k, v in t.items()}
+                    pair = {k: f"[{min(v):.2f}-{max(v):.2f}]" for k, v in paired.items()}
                     print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} "
                           f"{row[4]:>7.1f} {spread['rlgates']:>9} {row[5]:>7.1f} "
-                          f"{spread['reference']:>9} {row[6]:>6.2f} {row[10]:>6.2f} "
-                          f"{row[11]:>5.2f} {row[7]:>11.0f} {row[8]:>8.0f} {row[9]:>9.2f}",
+                          f"{spread['reference']:>9} {row[6]:>5.2f} {pair['wall']:>11} "
+                          f"{row[10]:>6.2f} {row[11]:>5.2f} {pair['cpu']:>11} "
+                          f"{row[7]:>11.0f} {row[8]:>8.0f} {row[9]:>9.2f}",
                           flush=True)
     inside, widen, (w, h) = slider_redraw_ms()
     print(f"\nslider redraw (dapo, blitted {w}x{h} PNG): {inside:.1f} ms per move, "

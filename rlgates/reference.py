@@ -14,9 +14,9 @@ import torch
 
 def agg_loss(loss_mat, mask, agg, safety_eps=0.0):
     mask = mask.to(loss_mat.dtype)
-    if agg == "token-mean":
-        return (loss_mat * mask).sum() / (mask.sum() + safety_eps) if mask.sum() > 0 else \
-            (loss_mat * mask).sum()
+    if agg == "token-mean":  # as TRL writes it: one count, clamped so that no tokens give 0
+        count = mask.sum()
+        return (loss_mat * mask).sum() / (count + safety_eps if safety_eps else count.clamp(min=1))
     token_count = mask.sum(-1)
     seq_loss = (loss_mat * mask).sum(-1)
     if agg == "seq-mean-token-mean":

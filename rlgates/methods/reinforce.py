@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _numerics as nx
 from ._base import Method, register
 
 
@@ -31,8 +32,8 @@ class Reinforce(Method):
     )
 
     def _weight(self, ratio, adv):
-        return ratio.expand(torch.broadcast_shapes(ratio.shape, adv.shape))  # a view: no pass
+        return ratio.expand(nx.broadcast_shape(ratio.shape, adv.shape))  # a view: no pass
 
     def _gate(self, ratio, adv):
-        return torch.ones(torch.broadcast_shapes(ratio.shape, adv.shape), dtype=ratio.dtype,
+        return torch.ones(nx.broadcast_shape(ratio.shape, adv.shape), dtype=ratio.dtype,
                           device=ratio.device)

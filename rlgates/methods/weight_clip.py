@@ -74,9 +74,10 @@ class CISPO(Method):
         h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
         self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
 
-    def clipped(self, ratio):
-        """clip(ρ, 1−ε_l, 1+ε_h): the (stop-gradient) importance weight of CISPO's loss."""
-        return ratio.clamp(self.low, self.high)
+    def clipped(self, ratio, out=None):
+        """clip(ρ, 1−ε_l, 1+ε_h): the (stop-gradient) importance weight of CISPO's loss.
+        out: a tensor to write it into (ratio itself, when it is a temporary)."""
+        return torch.clamp(ratio, self.low, self.high, out=out)
 
     def _weight(self, ratio, adv):
         high = self.high * (1 + torch.log(ratio / self.high))
@@ -95,8 +96,10 @@ class CISPO(Method):
 
         Padding may hold NaN: its log-ratio is masked to 0, so its weight is a finite 1, and
         `aggregate` gives it zero gradient and drops its value (tested)."""
-        ratio = nx.ratio_from_log(nx.token_log_ratio(logp.detach(), logp_old, mask))
-        return (self.clipped(ratio) * adv) * logp
+        # the weight takes no gradient: it is built in place in one [B, T] temporary
+        weight = nx.token_log_ratio(logp.detach(), logp_old, mask)
+        nx.ratio_from_log(weight, out=weight)
+        return self.clipped(weight, out=weight).mul_(adv) * logp
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """clip(ρ)·A. Unlike the clipped losses, the ±20 log-ratio clamp does not zero the

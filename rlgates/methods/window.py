@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .. import _numerics as nx
 from ._base import Method, _window, register
 
@@ -52,10 +50,10 @@ class SAO(Method):
     def _weight(self, ratio, adv):
         # not torch.clamp: its derivative is 1 at the edges, where the strict gate's is 0
         f = nx.strict_clamp(ratio, self.low, self.high)
-        return f.expand(torch.broadcast_shapes(f.shape, adv.shape))  # a view: no extra pass
+        return f.expand(nx.broadcast_shape(f.shape, adv.shape))  # a view: no extra pass
 
     def _gate(self, ratio, adv):
-        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+        shape = nx.broadcast_shape(ratio.shape, adv.shape)
         inside = (ratio > self.low) & (ratio < self.high)
         return inside.to(ratio.dtype).expand(shape)
 
