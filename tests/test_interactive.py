@@ -42,9 +42,20 @@ def test_explore_axis_follows_the_bounds_and_comes_back():
     assert panels.lim == pytest.approx(base)
     assert box.children[1].value == ""
     # drawn at LIVE_SCALE x the figure's dpi, shown at its 100-dpi size
-    w, _h = Image.open(io.BytesIO(box.image.value)).size
+    png = Image.open(io.BytesIO(box.image.value))
     css = int(box.image.width.removesuffix("px"))
-    assert w == pytest.approx(css * LIVE_SCALE, abs=2)
+    assert png.size[0] == pytest.approx(css * LIVE_SCALE, abs=2)
+    assert png.mode == "RGB"  # an opaque figure: no alpha channel to encode
+
+
+def test_explore_title_is_text_that_follows_the_sliders():
+    """The figure's title (method and hyperparameters) is the text line above the image."""
+    box = rlgates.explore("sapo")
+    assert box.children[2] is box.title and box.children[3] is box.image
+    assert "SAPO: rlgates.get(&#x27;sapo&#x27;, tau_pos=1" in box.title.value
+    box.sliders["tau_pos"].value = 0.5
+    assert "tau_pos=0.5," in box.title.value and box.panels.method.hparams["tau_pos"] == 0.5
+    box.panels.close()
 
 
 def test_figure_png_records_size_and_smallest_text():
