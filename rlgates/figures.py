@@ -6,7 +6,9 @@ the token's probability) is red, discourage is blue, zero gradient is white or g
     ENCOURAGE, DISCOURAGE, ZERO, CMAP, EDGE_STYLE   the colours and the clip-edge line
     plane(method)                                   gate and signal on an (A, log ρ) grid
     sign_legend(ax), scatter_tokens(ax, adv, log_ratio, method)
+    draw_edges(ax, method, adv_lim, grid), half_gate_lines(grid)   the gate's edges
     GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
+    png_rgb(rgb)                                    a fast PNG for the live sliders
     plot_runs(runs, key), plot_shut_by_sign(runs)   lab curves over seeds (rlgates.lab)
 """
 
