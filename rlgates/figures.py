@@ -6,7 +6,9 @@ the token's probability) is red, discourage is blue, zero gradient is white or g
     ENCOURAGE, DISCOURAGE, ZERO, CMAP, EDGE_STYLE   the colours and the clip-edge line
     plane(method)                                   gate and signal on an (A, log ρ) grid
     sign_legend(ax), scatter_tokens(ax, adv, log_ratio, method)
+    draw_edges(ax, method, adv_lim, grid), half_gate_lines(grid)   the gate's edges
     GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
+    png_rgb(rgb)                                    a fast PNG for the live sliders
     plot_runs(runs, key), plot_shut_by_sign(runs)   lab curves over seeds (rlgates.lab)
 """
 
@@ -118,25 +120,47 @@ def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201) -> Plane:
                  method.signal(ratio, a).numpy())
 
 
+def half_gate_lines(grid: Plane) -> list[np.ndarray]:
+    """Where the gate on `grid` has fallen to one half: polylines of (A, log ρ) vertices, traced
+    separately for A < 0 and A > 0 (so that a gate that jumps at A = 0 gets no false edge there).
+    The marching squares of `ax.contour` (contourpy, matplotlib's algorithm), without building a
+    ContourSet: a fraction of its cost, which a slider pays on every move."""
+    import contourpy
+    import matplotlib as mpl
+
+    lines = []
+    for side in (grid.adv < 0, grid.adv > 0):
+        if side.sum() >= 2 and np.ptp(grid.gate[:, side]) > 0:
+            gen = contourpy.contour_generator(grid.adv[side], grid.log_ratio, grid.gate[:, side],
+                                              name=mpl.rcParams["contour.algorithm"],
+                                              line_type="SeparateCode")
+            lines += [line for line in gen.lines(0.5)[0] if len(line) >= 2]
+    return lines
+
+
 def draw_edges(ax, method: Method, adv_lim, grid: Plane | None = None):
     """Draw the gate's edges: a hard gate's as dashed lines on their side of A = 0; for a smooth
-    gate (no `bounds()`), the dashed curve where it has fallen to one half, computed on `grid`
-    separately for A < 0 and A > 0 (so that a gate that jumps at A = 0 gets no false edge there).
+    gate (no `bounds()`), the dashed curves where it has fallen to one half (`half_gate_lines` on
+    `grid`), as one LineCollection.
     """
     for ratio, side in method.bounds():
         x0, x1 = {+1: (0, adv_lim), -1: (-adv_lim, 0), 0: (-adv_lim, adv_lim)}[side]
         ax.plot([x0, x1], [np.log(ratio)] * 2, **EDGE_STYLE)
     if method.bounds() or grid is None:
         return
-    for side in (grid.adv < 0, grid.adv > 0):
-        if side.sum() >= 2 and np.ptp(grid.gate[:, side]) > 0:
-            ax.contour(grid.adv[side], grid.log_ratio, grid.gate[:, side], levels=[0.5],
-                       colors=EDGE_STYLE["color"], linestyles=EDGE_STYLE["linestyle"],
-                       linewidths=EDGE_STYLE["linewidth"])
+    lines = half_gate_lines(grid)
+    if lines:
+        from matplotlib.collections import LineCollection
+
+        ax.add_collection(LineCollection(lines, colors=EDGE_STYLE["color"],
+                                         linestyles=EDGE_STYLE["linestyle"],
+                                         linewidths=EDGE_STYLE["linewidth"]), autolim=False)
 
 
 class GatePanels:
     """The two-panel figure (gate | learning signal) of one method; `update` redraws it in place.
+    Its title, `caption`, names the method and its hyperparameters; with live=True the figure
+    leaves it out, for the widget to show as text.
 
     Left: sign(A)·f'(ρ; A), so an open gate is red where it encourages and blue where it
     discourages. Right: the learning signal f'·ρ·A. Both share axes; colour bars are labelled.
@@ -153,6 +177,7 @@ class GatePanels:
                                      layout="constrained")
         self.fig, self.axes = axes[0].figure, axes
         self._moving = []  # artists redrawn on every update (edges, contours)
+        self._overlay = []  # fixed artists that lie over the images: axes at 0, frames
         self.update(method)
 
     def update(self, method):
@@ -168,8 +193,11 @@ class GatePanels:
             artist.remove()
         self._moving = []
         if not hasattr(self, "_images"):
+            # resampled as data, then coloured: with nearest it looks the same as the default
+            # (colour first; at most 1/255 apart) and draws about 4x faster, which a slider feels
             kw = {"extent": p.extent, "origin": "lower", "aspect": "auto", "cmap": CMAP,
-                  "interpolation": "nearest", "animated": self.live}
+                  "interpolation": "nearest", "interpolation_stage": "data",
+                  "animated": self.live}
             self._images = (left.imshow(signed_gate, vmin=-1, vmax=1, **kw),
                             right.imshow(p.signal, vmin=-smax, vmax=smax, **kw))
             self.fig.colorbar(self._images[0], ax=left, shrink=0.9,
@@ -180,18 +208,24 @@ class GatePanels:
 
             for ax in self.axes:
                 ax.xaxis.set_major_locator(MaxNLocator(5))
-                ax.axvline(0, color="0.4", linewidth=0.6)
-                ax.axhline(0, color="0.4", linewidth=0.6)
+                self._overlay += [ax.axvline(0, color="0.4", linewidth=0.6),
+                                  ax.axhline(0, color="0.4", linewidth=0.6),
+                                  *ax.spines.values()]
                 ax.set_xlabel(f"advantage ${A}$")
             left.set_ylabel(rf"$\log {r}$")
             left.set_title(f"gate f′(${r}$; ${A}$)")
             right.set_title(f"learning signal f′·${r}$·${A}$")
-            self._title = self.fig.suptitle("", fontsize=10, animated=self.live)
+            # live, the title is the widget's text line above the image (rlgates.explore): it
+            # changes on every move, and drawing its glyphs would cost as much as a panel
+            self._title = None if self.live else self.fig.suptitle("", fontsize=10)
+            for artist in self._overlay:  # drawn on every move, after the images, not below them
+                artist.set_animated(self.live)
         else:
             self._images[0].set_data(signed_gate)
             self._images[1].set_data(p.signal)
             for im in self._images:
-                im.set_extent(p.extent)
+                if tuple(im.get_extent()) != p.extent:  # only when the axis was resized
+                    im.set_extent(p.extent)
             self._images[1].set_clim(-smax, smax)
         for ax in self.axes:
             n_lines, n_coll = len(ax.lines), len(ax.collections)
@@ -199,7 +233,9 @@ class GatePanels:
             self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
         for artist in self._moving:
             artist.set_animated(self.live)
-        self._title.set_text(f"{method.title}: {method!r}")
+        self.caption = f"{method.title}: {method!r}"
+        if self._title is not None:
+            self._title.set_text(self.caption)
         return self
 
     def png(self, dpi=72) -> bytes:
@@ -222,16 +258,36 @@ class GatePanels:
             self.fig.set_layout_engine("none")
             self._background = canvas.copy_from_bbox(self.fig.bbox)
         canvas.restore_region(self._background)
-        for artist in (*self._images, *self._moving, self._title):
+        for artist in (*self._images, *self._overlay, *self._moving):  # as a full draw stacks them
             self.fig.draw_artist(artist)
-        buf = io.BytesIO()
-        Image.fromarray(np.asarray(canvas.buffer_rgba())).save(buf, format="png", compress_level=1)
-        return buf.getvalue()
+        # RGB: the figure is opaque, and a fourth channel costs encoding time and bytes
+        rgb = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")  # fast in Pillow
+        return png_rgb(np.asarray(rgb))
 
     def close(self):
         import matplotlib.pyplot as plt
 
         plt.close(self.fig)
+
+
+def png_rgb(rgb: np.ndarray) -> bytes:
+    """An [h, w, 3] uint8 image as PNG bytes: rows unfiltered, deflated at level 1. For a figure's
+    flat colours this is as small as Pillow's PNG (whose adaptive row filters cannot be turned
+    off) and about 3x faster to encode, which a slider pays on every move."""
+    import struct
+    import zlib
+
+    h, w, _ = rgb.shape
+    rows = np.zeros((h, 1 + 3 * w), np.uint8)  # each row: its filter type (0, none), its pixels
+    rows[:, 1:] = rgb.reshape(h, 3 * w)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + chunk(b"IEND", b""))
 
 
 def plot_gate_signal(method, **kwargs):

@@ -8,9 +8,9 @@ from .figures import GatePanels, default_lim, plane
 from .methods import get
 
 #: Pixels per CSS pixel of the live figure: 1, where the book's static figures have 1.5
-#: (notebook.IMAGE_SCALE). A move then draws and encodes 2.25x fewer pixels (a PNG of about 86
-#: instead of 130 kB) and takes about a fifth less of the kernel's time
-#: (benchmarks/jupyterlab_slider.py); the image is a little softer on a high-density screen.
+#: (notebook.IMAGE_SCALE). A move then draws and encodes 2.25x fewer pixels (a PNG of about 72
+#: instead of 117 kB) and takes about half the kernel's time (benchmarks/jupyterlab_slider.py);
+#: the image is a little softer on a high-density screen.
 LIVE_SCALE = 1.0
 
 
@@ -24,13 +24,20 @@ def axis_lim(method, base):
     return lim
 
 
+def _caption_html(text):
+    import html
+
+    return f"<span style='font-size:10pt'>{html.escape(text)}</span>"
+
+
 def explore(name, **panel_kwargs):
     """ipywidgets sliders for every hyperparameter of `name`, redrawing its gate | signal panels.
 
     Only useful in a live kernel: a static web page cannot move a slider, so the book pairs each
     call with `plot_small_multiples`, which carries the same information. As in the web explorer,
     the log ρ axis widens when a clip bound would leave it (and says so), and narrows back. The
-    image is drawn at `LIVE_SCALE` x the figure's dpi and shown at its 100-dpi size.
+    image is drawn at `LIVE_SCALE` x the figure's dpi and shown at its 100-dpi size; its title
+    (the method and its hyperparameters) is a line of text above it.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
@@ -47,6 +54,9 @@ def explore(name, **panel_kwargs):
     dpi = panels.fig.get_dpi() * LIVE_SCALE
     css_width = f"{round(panels.fig.get_figwidth() * panels.fig.get_dpi())}px"
     image = w.Image(value=panels.png(dpi=dpi), format="png", width=css_width)
+    # the figure's title, as text above it (cheaper than drawing its glyphs on every move)
+    title = w.HTML(layout=w.Layout(width=css_width, justify_content="center"))
+    title.value = _caption_html(panels.caption)
     sliders = {}
     for key, value in method.hparams.items():
         lo, hi, step = method.slider_range(key)
@@ -69,10 +79,12 @@ def explore(name, **panel_kwargs):
         panels.update(m)
         status.value = (f"The log ρ axis was widened (to ±{new_lim:.3g}) so that every clip "
                         "bound stays in view." if new_lim > base_lim else "")
+        title.value = _caption_html(panels.caption)
         image.value = panels.png(dpi=dpi)
 
     for s in sliders.values():
         s.observe(redraw, names="value")
-    box = w.VBox([w.HBox(list(sliders.values())), status, image])
-    box.panels, box.sliders, box.redraw, box.image = panels, sliders, redraw, image
+    box = w.VBox([w.HBox(list(sliders.values())), status, title, image])
+    box.panels, box.sliders, box.redraw = panels, sliders, redraw
+    box.image, box.title = image, title
     return box

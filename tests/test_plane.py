@@ -6,6 +6,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import rlgates  # noqa: E402
 from tests.conftest import METHODS  # noqa: E402
@@ -46,8 +47,52 @@ def test_gate_signal_figure_is_labelled_and_draws_the_bounds(name):
         expected = sorted({round(float(np.log(b)), 12) for b, _ in m.bounds()})
         assert _dashed_levels(left) == expected and _dashed_levels(right) == expected
     elif np.ptp(rlgates.plane(m).gate) > 0:  # SAPO: the gate's half-height contour stands in
-        assert left.collections
+        for ax in (left, right):
+            _assert_half_gate_edges(ax, m)
     plt.close(fig)
+
+
+def _assert_half_gate_edges(ax, method):
+    """`ax` holds one dashed LineCollection, on both sides of A = 0, where the gate is 1/2."""
+    (edges,) = ax.collections
+    assert edges.get_linestyle()[0][1] is not None  # dashed
+    xy = np.concatenate(edges.get_segments())
+    assert (xy[:, 0] < 0).any() and (xy[:, 0] > 0).any() and (xy[:, 0] != 0).all()
+    gate = method.gate(torch.from_numpy(np.exp(xy[:, 1])), torch.from_numpy(xy[:, 0])).numpy()
+    assert np.abs(gate - 0.5).max() < 1e-3  # linear interpolation on the 201-point grid
+    lim = np.abs(xy[:, 1]).max()  # negative control: the grid is not 1/2 everywhere nearby
+    assert not np.allclose(rlgates.plane(method, log_ratio_lim=lim).gate, 0.5, atol=0.02)
+
+
+def test_half_gate_lines_are_matplotlibs_contour():
+    """The edges are the vertices `ax.contour` traces at 1/2, on each side of A = 0."""
+    p = rlgates.plane(rlgates.get("sapo", tau_pos=0.3, tau_neg=3.0), log_ratio_lim=3.0)
+    ours = np.concatenate(rlgates.figures.half_gate_lines(p))
+    fig, ax = plt.subplots()
+    theirs = []
+    for side in (p.adv < 0, p.adv > 0):
+        cs = ax.contour(p.adv[side], p.log_ratio, p.gate[:, side], levels=[0.5])
+        theirs += [path.vertices for path in cs.get_paths()]
+    plt.close(fig)
+    theirs = np.concatenate(theirs)
+    assert ours.shape == theirs.shape and len(ours) > 100
+    assert np.array_equal(np.sort(ours, axis=0), np.sort(theirs, axis=0))
+
+
+def test_live_panels_move_their_edges_in_place():
+    """A live update replaces the edges (never stacks them) and follows the hyperparameters."""
+    panels = rlgates.GatePanels("sapo", log_ratio_lim=3.0, live=True)
+    before = np.concatenate(panels.axes[0].collections[0].get_segments())
+    for tau in (0.5, 2.0, 0.3):
+        m = rlgates.get("sapo", tau_pos=tau, tau_neg=1.05)
+        panels.update(m)
+        for ax in panels.axes:
+            _assert_half_gate_edges(ax, m)
+    after = np.concatenate(panels.axes[0].collections[0].get_segments())
+    assert after.shape != before.shape or not np.allclose(after, before)
+    assert panels.caption.startswith("SAPO") and "tau_pos=0.3" in panels.caption
+    assert not panels.fig._suptitle or not panels.fig._suptitle.get_text()  # shown as text
+    panels.close()
 
 
 def test_colours_encourage_red_discourage_blue():

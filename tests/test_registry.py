@@ -78,7 +78,10 @@ def test_registered_everywhere(registered):
 def test_figures_take_it(registered):
     fig = rlgates.plot_gate_signal(registered)
     assert fig.axes[0].get_ylim() == pytest.approx((-1.0, 1.0))
-    assert fig.axes[0].collections  # a smooth gate: its half-height contour is drawn
+    (edges,) = fig.axes[0].collections  # a smooth gate: its half-height contour is drawn
+    xy = torch.cat([torch.from_numpy(seg) for seg in edges.get_segments()]).double()
+    gate = rlgates.get(registered).gate(xy[:, 1].exp(), xy[:, 0])
+    assert len(xy) > 10 and (gate - 0.5).abs().max() < 1e-3
     plt.close(fig)
     plt.close(rlgates.plot_small_multiples(registered, "sigma", [0.2, 0.5]))
     plt.close(rlgates.plot_profiles(registered, "ppo"))
