@@ -75,6 +75,18 @@ def test_arms_trained_together_equal_each_arm_alone():
         lab.run_many({"a": lab.Arm("ppo", cfg.replace(lr=1e-2))}, seeds, config=cfg)
 
 
+
+def test_run_many_labels_a_list_of_arms_by_method_and_refuses_a_shared_label():
+    """A list of arms is labelled by their methods; two arms under one label would leave only
+    the last in the result, so that is refused (a dict gives each its own label)."""
+    cfg = TINY.replace(steps=1)
+    got = lab.run_many([lab.Arm("ppo"), lab.Arm("sapo", lag=1)], [0], config=cfg)
+    assert list(got) == ["ppo", "sapo"] and got["sapo"][0].lag == 1
+    with pytest.raises(ValueError, match="share a label"):
+        lab.run_many([lab.Arm("ppo"), lab.Arm("ppo", lag=1)], [0], config=cfg)
+    both = lab.run_many({"k0": lab.Arm("ppo"), "k1": lab.Arm("ppo", lag=1)}, [0], config=cfg)
+    assert [r[0].lag for r in both.values()] == [0, 1]  # the control: labelled, both kept
+
 def test_per_run_grad_clip_and_summed_loss_per_run():
     g = torch.Generator().manual_seed(0)
     R, b, T = 3, 5, 4

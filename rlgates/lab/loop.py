@@ -295,6 +295,24 @@ def _rollout_info(step, version, batch):
             "tokens": one(batch.tokens), "logp_behaviour": one(batch.logp)}
 
 
+def _arms_loss(plan, weighted, logp, logp_old, adv, mask, is_w):
+    """Every arm's summed loss on its own rows, added: one backward serves them all."""
+    return torch.stack([
+        summed_loss(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows], mask[a.rows], a.agg,
+                    is_weight=is_w[a.rows] if wt else None)
+        for a, wt in zip(plan, weighted, strict=True)]).sum()
+
+
+def _arms_stats(plan, weighted, logp, logp_old, adv, mask, ent, is_w, batch, group):
+    """diagnostics.step_stats on every arm's own rows, joined: {key: [R]}."""
+    stats = [diagnostics.step_stats(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows],
+                                    mask[a.rows], ent[a.rows], a.agg,
+                                    is_weight=is_w[a.rows] if wt else None,
+                                    rewards=batch.rewards[a.rows], group=group)
+             for a, wt in zip(plan, weighted, strict=True)]
+    return {k: torch.cat([s[k] for s in stats]) for k in stats[0]}
+
+
 def _keep(kept, m, logp, logp_old, adv, mask):
     """keep_log_ratios: append, per run, the token log ρ and (gate, A) of the real tokens."""
     b = diagnostics.Batch(m, logp, logp_old, adv, mask)
@@ -438,8 +456,7 @@ def _behaviour(history, plan, seeds):
 
 
 def _train(plan, cfg, seeds, keep, hook, show):
-    """The loop, step by step: ROLLOUT, UPDATE, METRICS, for every arm's runs at once (arm a's
-    own: its rows `a.rows`). Returns ({key: [R, steps]}, kept)."""
+    """ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's: rows a.rows)."""
     dev, task = torch.device(cfg.device), cfg.task()
     all_seeds = seeds * len(plan)  # arm-major: every arm starts from the same seeds
     R, lag = len(all_seeds), max(a.lag for a in plan)
@@ -470,11 +487,8 @@ def _train(plan, cfg, seeds, keep, hook, show):
                 tok, at = batch.tokens[runs, idx], _take(runs, idx)
                 logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
                 logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
-                old, adv, mask, w = at(logp_old), at(batch.adv), at(batch.mask), at(is_w)
-                loss = torch.stack([
-                    summed_loss(a.m, logp[a.rows], old[a.rows], adv[a.rows], mask[a.rows],
-                                a.agg, is_weight=w[a.rows] if wt else None)
-                    for a, wt in zip(plan, weighted, strict=True)]).sum()
+                loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
+                                  at(batch.mask), at(is_w))
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
@@ -484,27 +498,20 @@ def _train(plan, cfg, seeds, keep, hook, show):
                     history.append(policy.state())
                 if hook is not None:
                     hook("update", {"update": updates, "policy": policy})
-                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm))
+                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm[:, None]))
 
         # METRICS: observation only; each run's row, over all the tokens its updates saw
-        idx, logp, ent, norms = zip(*seen, strict=True)
-        idx, logp, ent = torch.cat(idx, 1), torch.cat(logp, 1), torch.cat(ent, 1)
+        idx, logp, ent, norms = (torch.cat(x, 1) for x in zip(*seen, strict=True))
         at = _take(runs, idx)
-        old, adv, mask, w = at(logp_old), at(batch.adv), at(batch.mask), at(is_w)
-        stats = [diagnostics.step_stats(a.m, logp[a.rows], old[a.rows], adv[a.rows],
-                                        mask[a.rows], ent[a.rows], a.agg,
-                                        is_weight=w[a.rows] if wt else None,
-                                        rewards=batch.rewards[a.rows], group=cfg.group)
-                 for a, wt in zip(plan, weighted, strict=True)]
-        stale = [float(updates - v - (len(seen) + 1) / 2) for v in versions]
+        seen_by = logp, at(logp_old), at(batch.adv), at(batch.mask)  # what each update saw
+        stale = [float(updates - v - (norms.shape[1] + 1) / 2) for v in versions]
         rows.append({"step": torch.full((R,), float(step)),
-                     **{k: torch.cat([s[k] for s in stats]) for k in stats[0]},
+                     **_arms_stats(plan, weighted, *seen_by, ent, at(is_w), batch, cfg.group),
                      "rare": batch.right[..., rare].float().mean((1, 2)),
-                     "grad_norm": torch.stack(norms).mean(0),
+                     "grad_norm": norms.mean(1),
                      "staleness": torch.tensor(stale).repeat_interleave(len(seeds))})
-        if keep:
-            for a in plan:
-                _keep(kept[a.rows], a.m, logp[a.rows], old[a.rows], adv[a.rows], mask[a.rows])
+        for a in plan if keep else ():
+            _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by))
         if show:
             show(step, rows[-1])
     return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
@@ -522,8 +529,12 @@ def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=No
     depends on its own rows only, so run r of an arm equals that arm trained alone.
     progress: False (silent), True (one line per method) or "steps" (train()'s step lines).
     """
-    items = methods.items() if isinstance(methods, dict) else (
-        (method_name(m), m) for m in methods)
+    items = list(methods.items() if isinstance(methods, dict) else (
+        (method_name(m.method if isinstance(m, Arm) else m), m) for m in methods))
+    labels = [label for label, _ in items]
+    if len(set(labels)) < len(labels):  # a dict would keep only the last of them
+        raise ValueError(f"run_many: arms share a label in {labels}; give them labels with a "
+                         "dict {label: method or Arm}")
     arms = {label: m if isinstance(m, Arm) else Arm(m) for label, m in items}
     t0 = time.perf_counter()
     out = _batched(arms, config, seeds, steps, lag, agg, progress == "steps", keep_log_ratios)
