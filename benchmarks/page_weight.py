@@ -15,22 +15,16 @@ Target: no page over 1.5 MB (10^6 bytes to the MB).
 from __future__ import annotations
 
 import argparse
-import functools
-import http.server
 import sys
-import threading
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
-from bookserver import BOOK, CHROMIUM, LAUNCH_ARGS, QuietHandler  # noqa: E402
+from bookserver import BOOK, LAUNCH_ARGS, chromium, serve  # noqa: E402
+from crawl import DESKTOP, PHONE, pages  # noqa: E402
 
 LIMIT = 1_500_000  # bytes: the heaviest page may weigh this much
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 390, "height": 844}
-SKIP_DIRS = {"_static", "_sources", "_images", "reports"}
 
 # Settled: MathJax typeset, solutions open, every image loaded, every web font in.
 SETTLE = """async () => {
@@ -45,11 +39,6 @@ SETTLE = """async () => {
 }"""
 
 
-def pages(book_dir: Path) -> list[str]:
-    """Every page of the book, relative to its folder (not the assets' own HTML)."""
-    return [p.relative_to(book_dir).as_posix() for p in sorted(book_dir.rglob("*.html"))
-            if not SKIP_DIRS.intersection(p.relative_to(book_dir).parts[:-1])]
-
 
 def kind(path: str) -> str:
     """The kind of a file, for the breakdown."""
@@ -60,20 +49,6 @@ def kind(path: str) -> str:
             "ttf": "font", "eot": "font", "otf": "font", "png": "image", "svg": "image",
             "jpg": "image", "jpeg": "image", "gif": "image", "webp": "image",
             "ico": "image"}.get(suffix, "other")
-
-
-@contextmanager
-def serve(book_dir: Path):
-    """The book on a localhost port, as the browser tests serve it."""
-    handler = functools.partial(QuietHandler, directory=str(book_dir))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def page_weight(browser, base_url: str, book_dir: Path, rel: str, viewport=DESKTOP,
@@ -120,10 +95,13 @@ def measure(book_dir: Path = BOOK, viewport=DESKTOP, only=None, **context_kwargs
     """{page: page_weight(...)} for every page of the book (or those in `only`)."""
     from playwright.sync_api import sync_playwright
 
+    exe = chromium()
+    if exe is None:
+        sys.exit("no Chromium: install Debian's package, or set CHROMIUM to a browser binary")
     chosen = only or pages(book_dir)
     out = {}
     with serve(book_dir) as base_url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS, headless=True)
         try:
             for rel in chosen:
                 out[rel] = page_weight(browser, base_url, book_dir, rel, viewport,

@@ -3,9 +3,12 @@ network, and the static file server. (Not named conftest: tests/ has its own con
 
 from __future__ import annotations
 
+import functools
 import http.server
 import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -79,3 +82,16 @@ class Offline:
 
     def close(self):
         self.context.close()
+
+
+@contextmanager
+def serve(book_dir: Path):
+    """The built book on a free localhost port: yields its base URL."""
+    handler = functools.partial(QuietHandler, directory=str(book_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()

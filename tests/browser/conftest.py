@@ -10,10 +10,7 @@ installing Chromium) a missing book or browser fails them instead.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -23,8 +20,8 @@ from bookserver import (
     LAUNCH_ARGS,
     SCREENSHOTS,
     Offline,
-    QuietHandler,
     chromium,
+    serve,
 )
 from crawl import DESKTOP, MEASURE, PHONE, Tab, Visit
 
@@ -46,13 +43,8 @@ def book_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def base_url(book_dir):
-    handler = functools.partial(QuietHandler, directory=str(book_dir))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with serve(book_dir) as url:
+        yield url
 
 
 def chromium_or_missing() -> str:

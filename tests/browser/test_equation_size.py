@@ -14,11 +14,11 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from crawl import WIDTHS
 
 pytestmark = pytest.mark.browser
 
 MIN_SCALE = 0.7  # _static/book.js
-WIDTHS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
 #: GSPO's numbered equations (eq. 8.2 is the widest in the book), and six unnumbered ones
 PAGES = ["chapters/08_gspo.html", "chapters/13_more_gates.html"]
 
@@ -47,8 +47,8 @@ SIZES = r"""async () => {
                 ids=lambda wp: f"{wp[0]}-{wp[1].split('/')[-1][:2]}")
 def sizes(request, base_url, browser):
     width, rel = request.param
-    mobile = {"is_mobile": True, "has_touch": True} if width == "phone" else {}
-    context = browser.new_context(viewport=WIDTHS[width], **mobile)
+    viewport, mobile = WIDTHS[width]
+    context = browser.new_context(viewport=viewport, **mobile)
     try:
         page = context.new_page()
         page.set_default_timeout(120_000)  # a busy machine
