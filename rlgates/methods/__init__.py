@@ -5,14 +5,32 @@
     smooth.py       a smooth gate: sapo
     weight_clip.py  a clipped weight that never drops a token: cispo
     reinforce.py    no gate: reinforce
+    gmpo.py         a geometric mean of clipped token ratios: gmpo (verl's geo_mean)
+    gpg.py          the policy gradient on log π, no importance weight: gpg
+    dro.py          a gate whose edge moves with |A|: dro
+    decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
 """
 
-from . import clip, reinforce, smooth, weight_clip, window  # noqa: F401  (registers them)
+from . import (  # noqa: F401  (registers them)
+    clip,
+    decoupled_dual_clip,
+    dro,
+    gmpo,
+    gpg,
+    reinforce,
+    smooth,
+    weight_clip,
+    window,
+)
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .decoupled_dual_clip import DecoupledDualClip
+from .dro import DRO
+from .gmpo import GMPO
+from .gpg import GPG
 from .reinforce import Reinforce
 from .smooth import SAPO
 from .weight_clip import CISPO
@@ -20,4 +38,5 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "Method", "REGISTRY", "get", "names", "register", "unregister"]
+           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "Method", "REGISTRY", "get", "names", "register", "unregister"]
