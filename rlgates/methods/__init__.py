@@ -5,19 +5,24 @@
     smooth.py       a smooth gate: sapo
     weight_clip.py  a clipped weight that never drops a token: cispo
     reinforce.py    no gate: reinforce
+    luspo.py        GSPO's gate, each response's loss times its length: luspo
+    vespo.py        a smooth weight on the response's product ratio: vespo
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
 """
 
-from . import clip, reinforce, smooth, weight_clip, window  # noqa: F401  (registers them)
+from . import clip, luspo, reinforce, smooth, vespo, weight_clip, window  # noqa: F401  (registers)
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .luspo import LUSPO
 from .reinforce import Reinforce
 from .smooth import SAPO
+from .vespo import VESPO
 from .weight_clip import CISPO
 from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "Method", "REGISTRY", "get", "names", "register", "unregister"]
+           "Reinforce", "LUSPO", "VESPO",
+           "Method", "REGISTRY", "get", "names", "register", "unregister"]
