@@ -51,9 +51,14 @@ def test_finite_differences_of_f_times_a(name_):
 
     def f_form(x, agg):
         log_ratio = torch.where(mask, x - logp_old, 0.0)
+        share = 1.0
         if m.level == "sequence":
             log_ratio = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand_as(x)
-        return -rlgates.aggregate(m.objective(log_ratio.exp(), adv_t, held), mask, agg)
+        elif m.level == "sequence-product":  # f(w)·A once per response, shared by its tokens
+            log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(x)
+            share = 1 / mask.sum(-1, keepdim=True).clamp(min=1)
+        objective = m.objective(log_ratio.exp(), adv_t, held) * share
+        return -rlgates.aggregate(objective, mask, agg)
 
     for agg in rlgates.AGG_MODES:
         leaf = logp.clone().requires_grad_(True)
@@ -109,8 +114,9 @@ def test_gspo_every_token_gets_the_same_length_averaged_weight(agg):
 
 def _needs_trainer_reference(name):
     """The methods of the chapter where the template bends (`chapter` set) are checked against
-    the trainers' own functions (tests/test_conformance_*), not a plain reference here."""
-    return rlgates.REGISTRY[name].chapter is not None
+    the trainers' own functions (tests/test_conformance_*), not a plain reference here, unless
+    they have one too (luspo, vespo)."""
+    return rlgates.REGISTRY[name].chapter is not None and name not in reference.REFERENCES
 
 
 def test_every_built_in_method_has_a_reference():

@@ -37,7 +37,7 @@ class DRO(Method):
     at log ρ = A/β lies on the plane.
     """
 
-    name, title, date, order = "dro", "DRO", "May 2024", 22
+    name, title, date, order = "dro", "DRO", "May 2024", 24
     chapter = 18
     paper = ("Richemond et al. 2024, Offline Regularised Reinforcement Learning for Large "
              "Language Models Alignment, arXiv:2405.19107")

@@ -39,7 +39,7 @@ class GMPO(SignClip):
     defaults (clip_ratio 0.2) give the narrower window (e^−0.2, e^0.2).
     """
 
-    name, title, date, order, level = "gmpo", "GMPO", "July 2025", 20, "sequence"
+    name, title, date, order, level = "gmpo", "GMPO", "July 2025", 22, "sequence"
     chapter = 18
     paper = "Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673"
     defaults = {"eps_low": 0.4, "eps_high": 0.4}
