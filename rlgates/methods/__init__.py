@@ -9,6 +9,8 @@
     gpg.py          the policy gradient on log π, no importance weight: gpg
     dro.py          a gate whose edge moves with |A|: dro
     decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
+    dppo.py         a trust region on π − π_old (side input π_old): dppo_tv, dppo_kl
+    cov.py          tokens picked by the batch covariance (side input: the pick): clip_cov, kl_cov
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
@@ -16,7 +18,9 @@ table in rlgates, the book and the tests read the registry.
 
 from . import (  # noqa: F401  (registers them)
     clip,
+    cov,
     decoupled_dual_clip,
+    dppo,
     dro,
     gmpo,
     gpg,
@@ -27,7 +31,9 @@ from . import (  # noqa: F401  (registers them)
 )
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .cov import ClipCov, KLCov
 from .decoupled_dual_clip import DecoupledDualClip
+from .dppo import DPPOKL, DPPOTV
 from .dro import DRO
 from .gmpo import GMPO
 from .gpg import GPG
@@ -38,5 +44,6 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip", "DPPOTV", "DPPOKL", "ClipCov",
+           "KLCov",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]
