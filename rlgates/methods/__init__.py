@@ -11,6 +11,8 @@
     decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
     luspo.py        GSPO's gate, each response's loss times its length: luspo
     vespo.py        a smooth weight on the response's product ratio: vespo
+    dppo.py         a trust region on π − π_old (side input π_old): dppo_tv, dppo_kl
+    cov.py          tokens picked by the batch covariance (side input: the pick): clip_cov, kl_cov
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
@@ -18,7 +20,9 @@ table in rlgates, the book and the tests read the registry.
 
 from . import (  # noqa: F401  (registers them)
     clip,
+    cov,
     decoupled_dual_clip,
+    dppo,
     dro,
     gmpo,
     gpg,
@@ -31,7 +35,9 @@ from . import (  # noqa: F401  (registers them)
 )
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .cov import ClipCov, KLCov
 from .decoupled_dual_clip import DecoupledDualClip
+from .dppo import DPPOKL, DPPOTV
 from .dro import DRO
 from .gmpo import GMPO
 from .gpg import GPG
@@ -44,5 +50,6 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "LUSPO", "VESPO", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "Reinforce", "LUSPO", "VESPO", "GMPO", "GPG", "DRO", "DecoupledDualClip", "DPPOTV",
+           "DPPOKL", "ClipCov", "KLCov",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]
