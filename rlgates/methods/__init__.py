@@ -7,15 +7,17 @@
     reinforce.py    no gate: reinforce
     luspo.py        GSPO's gate, each response's loss times its length: luspo
     vespo.py        a smooth weight on the response's product ratio: vespo
+    masks.py        a mask read from side information, times DAPO's gate: opsm, top_entropy
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
 """
 
-from . import clip, luspo, reinforce, smooth, vespo, weight_clip, window  # noqa: F401  (registers)
+from . import clip, luspo, masks, reinforce, smooth, vespo, weight_clip, window  # noqa: F401
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
 from .luspo import LUSPO
+from .masks import OPSM, EntropyMask, OffPolicyMask, TopEntropy
 from .reinforce import Reinforce
 from .smooth import SAPO
 from .vespo import VESPO
@@ -24,5 +26,5 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "LUSPO", "VESPO",
+           "Reinforce", "LUSPO", "VESPO", "OffPolicyMask", "OPSM", "EntropyMask", "TopEntropy",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]
