@@ -105,10 +105,16 @@ def assert_equal(ours, theirs):
 @pytest.mark.parametrize("per_token", [False, True], ids=["adv_row", "adv_token"])
 @pytest.mark.parametrize("row", LOSS_ROWS, ids=IDS)
 def test_trl_row_equals_its_method(trl, batch, row, per_token):
-    if per_token and row.method in ("luspo",):
-        pytest.skip("one advantage per response only (the row's note)")
     adv = batch.adv_tokens if per_token else batch.adv
     theirs = trl_loss(trl, row.settings, batch, adv)
+    if per_token and row.method == "luspo":  # the row's note: TRL averages over the response
+        v, g = rlgates_loss(trl, row, batch, adv)
+        assert float(v) == pytest.approx(float(theirs[0]), rel=TIGHT)
+        m = batch.mask.to(g.dtype)
+        averaged = (g * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1) * m
+        torch.testing.assert_close(averaged, theirs[1], rtol=TIGHT, atol=1e-15)
+        assert (g - theirs[1]).abs().max() > 1e-3  # and the gradients do differ
+        return
     assert_equal(rlgates_loss(trl, row, batch, adv, method=in_trls_precision(row)), theirs)
     if row.method == "sapo":  # the row's own τ: TRL's float32 rounding shows, and only it
         v, g = rlgates_loss(trl, row, batch, adv)

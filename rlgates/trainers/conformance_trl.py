@@ -76,10 +76,11 @@ def trl_rows() -> list[Row]:
                 note="TRL picks τ with torch.where on Python floats, which rounds τ to float32 "
                      "(1.05 → 1.0499999523), so in float64 the two agree to ~2e-7 relative; "
                      "at τ rounded to float32 they are equal (tested). " + _EMPTY_ROWS),
-        trl_row("luspo", "luspo",
-                note="One advantage per response only: with [B, T] advantages TRL's sequence "
-                     "ratio mixes the tokens' advantages into every token's gradient, "
-                     "GSPO-token's form does not. " + _EMPTY_ROWS),
+        trl_row("luspo", "luspo", status="partial",
+                note="Equal with one advantage per response. With [B, T] advantages the values "
+                     "agree, and TRL's gradient is rlgates' averaged over each response's tokens "
+                     "(TRL differentiates through the sequence mean; GSPO-token's form gives "
+                     "each token its own A) (tested). " + _EMPTY_ROWS),
         trl_row("vespo", "vespo",
                 note="Without vLLM (the sampler is π_old). With use_vllm, TRL folds its "
                      "per-token correction π_old/π_sampler (truncated or masked at its caps) into "
