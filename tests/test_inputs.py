@@ -32,6 +32,12 @@ def test_names_are_case_insensitive():
     ("sapo", {"tau_neg": -1.0}, "tau_neg must be > 0"),
     ("ppo", {"epsilon": 0.1}, "unknown hyperparameter.*epsilon.*takes eps"),
     ("dapo", {"eps": 0.1}, "unknown hyperparameter.*eps_low, eps_high"),
+    ("gmpo", {"eps_high": -0.4}, "gmpo: eps_high must be ≥ 0"),
+    ("dro", {"beta": 0.0}, "dro: beta must be > 0"),
+    ("dro", {"beta": float("inf")}, "dro: beta must be finite"),
+    ("gpg", {"eps": 0.2}, "gpg: unknown hyperparameter.*no hyperparameters"),
+    ("dapo_dual_clip", {"c": 1.0}, "dapo_dual_clip: c must be > 1"),
+    ("dapo_dual_clip", {"eps_low": 1.0}, "dapo_dual_clip: eps_low must be < 1"),
 ])
 def test_bad_hyperparameters(name, hparams, match):
     with pytest.raises(ValueError, match=match):
@@ -46,8 +52,9 @@ def test_defaults_follow_the_papers():
     assert rlgates.get("sapo").hparams == {"tau_pos": 1.0, "tau_neg": 1.05}
     assert rlgates.get("sao").hparams == {"eps_low": 0.3, "eps_high": 5.0}
     levels = {n: rlgates.get(n).level for n in rlgates.names()}
-    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "luspo"]
+    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "luspo", "gmpo"]
     assert [n for n, lv in levels.items() if lv == "sequence-product"] == ["vespo"]
+    assert rlgates.get("gmpo").hparams == {"eps_low": 0.4, "eps_high": 0.4}
 
 
 def test_bad_loss_inputs_name_the_argument():

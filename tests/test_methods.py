@@ -36,7 +36,7 @@ def test_defaults():
     ("dual_clip", {"c": 1.0}), ("dual_clip", {"c": 0.5}), ("dual_clip", {"c": float("nan")}),
     ("dual_clip", {"c": "three"}), ("dual_clip", {"eps": -0.1}), ("dual_clip", {"eps": 1.0}),
     ("dual_clip", {"eps_low": 0.2}),
-    ("cispo", {"eps_low": -0.1}), ("cispo", {"eps_low": 1.5}), ("cispo", {"eps_high": -1.0}),
+    ("cispo", {"eps_low": -0.1}), ("cispo", {"eps_low": "wide"}), ("cispo", {"eps_high": -1.0}),
     ("cispo", {"eps_high": float("inf")}), ("cispo", {"eps": 0.2}),
     ("reinforce", {"eps": 0.2}),
 ])

@@ -5,6 +5,10 @@
     smooth.py       a smooth gate: sapo
     weight_clip.py  a clipped weight that never drops a token: cispo
     reinforce.py    no gate: reinforce
+    gmpo.py         a geometric mean of clipped token ratios: gmpo (verl's geo_mean)
+    gpg.py          the policy gradient on log π, no importance weight: gpg
+    dro.py          a gate whose edge moves with |A|: dro
+    decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
     luspo.py        GSPO's gate, each response's loss times its length: luspo
     vespo.py        a smooth weight on the response's product ratio: vespo
     masks.py        a mask read from side information, times DAPO's gate: opsm, top_entropy
@@ -13,9 +17,26 @@ Each class is registered where it is defined (`@register`); `get`, `names` and e
 table in rlgates, the book and the tests read the registry.
 """
 
-from . import clip, luspo, masks, reinforce, smooth, vespo, weight_clip, window  # noqa: F401
+from . import (  # noqa: F401  (registers them)
+    clip,
+    decoupled_dual_clip,
+    dro,
+    gmpo,
+    gpg,
+    luspo,
+    masks,
+    reinforce,
+    smooth,
+    vespo,
+    weight_clip,
+    window,
+)
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .decoupled_dual_clip import DecoupledDualClip
+from .dro import DRO
+from .gmpo import GMPO
+from .gpg import GPG
 from .luspo import LUSPO
 from .masks import OPSM, EntropyMask, OffPolicyMask, TopEntropy
 from .reinforce import Reinforce
@@ -26,5 +47,6 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "LUSPO", "VESPO", "OffPolicyMask", "OPSM", "EntropyMask", "TopEntropy",
+           "Reinforce", "LUSPO", "VESPO", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "OffPolicyMask", "OPSM", "EntropyMask", "TopEntropy",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]

@@ -147,7 +147,7 @@ class OPSM(OffPolicyMask, DAPO):
     vLLM's log-probs when it has them, else the old log-probs.
     """
 
-    name, title, date, order = "opsm", "OPSM (on DAPO)", "December 2025", 22
+    name, title, date, order = "opsm", "OPSM (on DAPO)", "December 2025", 26
     chapter = 18
     article_row = None
     paper = ("DeepSeek-AI 2025, DeepSeek-V3.2: Pushing the Frontier of Open Large Language "
@@ -184,7 +184,7 @@ class TopEntropy(EntropyMask, DAPO):
     quantile over the real tokens of every process, in float32.
     """
 
-    name, title, date, order = "top_entropy", "Top-entropy tokens (on DAPO)", "June 2025", 23
+    name, title, date, order = "top_entropy", "Top-entropy tokens (on DAPO)", "June 2025", 27
     chapter = 18
     article_row = None
     paper = ("Wang et al. 2025, Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive "
