@@ -395,6 +395,55 @@ def outcome_rewards(rewards, mask):
     return out
 
 
+# --- the critic: clipped value loss -------------------------------------------------------------
+def _value_inputs(values, values_old, returns, clip_range):
+    values = _tokens(values, "values")
+    values_old = _tokens(values_old, "values_old", values.shape).detach()
+    returns = _tokens(returns, "returns", values.shape).detach()
+    eps = float(clip_range)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"clip_range must be finite and ≥ 0, got {clip_range!r}")
+    clipped = values_old + (values - values_old).clamp(-eps, eps)
+    return values, clipped, returns
+
+
+def value_loss(values, values_old, returns, mask=None, clip_range=0.5, agg="token-mean"):
+    """PPO's clipped value loss, ½·agg(max((V − R)², (V_clip − R)²)), V_clip = V_old +
+    clip(V − V_old, ±clip_range): verl's compute_value_loss (critic.cliprange_value, default 0.5;
+    its critic's loss_agg_mode follows the actor's, token-mean by default).
+
+    values: [B, T] the critic's new predictions (the gradient flows into them); values_old: the
+    predictions at rollout; returns: the targets (`gae`'s returns). The max is pessimistic:
+    once V has moved more than clip_range from V_old towards R, the clipped branch is the
+    larger and constant in V, so that token's gradient is 0 (`value_gate`).
+    """
+    values, clipped, returns = _value_inputs(values, values_old, returns, clip_range)
+    m = nx.check_mask(mask, values.shape)
+    per_token = torch.maximum((values - returns).square(), (clipped - returns).square())
+    return 0.5 * nx.aggregate(per_token, m, agg)
+
+
+def value_gate(values, values_old, returns, clip_range=0.5):
+    """The gate of the value loss: ∂ℓ_t/∂V_t = g_t·(V_t − R_t) for ℓ_t = ½·max(…), with
+    g_t = 0 where the clipped branch is strictly the larger, (V_clip − R)² > (V − R)²: V has
+    left the band V_old ± clip_range and R lies nearer to V than to the band's edge, so moving V
+    on towards R no longer lowers the loss. g_t = 1 elsewhere. [B, T] of 0.0 and 1.0, unmasked.
+    """
+    values, clipped, returns = _value_inputs(values, values_old, returns, clip_range)
+    shut = (clipped - returns).square() > (values - returns).square()
+    return (~shut).to(values.dtype).detach()
+
+
+def value_clip_fraction(values, values_old, returns, mask=None, clip_range=0.5):
+    """The share of real tokens whose value-loss gate is shut (verl's critic/vf_clipfrac:
+    the clipped branch strictly the larger). Computed from V before clipping: measured on
+    V_clip, |V_clip − V_old| never exceeds clip_range, and the fraction reads 0 (or, written
+    as (V_old + clip) − V_old, rounding noise)."""
+    gate = value_gate(values, values_old, returns, clip_range)
+    m = nx.check_mask(mask, gate.shape)
+    return ((gate == 0) & m).sum().to(gate.dtype) / m.sum().clamp(min=1)
+
+
 # --- verl's registry -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class VerlEstimator:

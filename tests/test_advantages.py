@@ -207,3 +207,78 @@ M = torch.ones(2, 3)
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- the critic's clipped value loss -------------------------------------------------------------
+def critic_batch(seed=0, B=5, T=7, eps=0.2):
+    """New and old values whose moves straddle the band ±eps, targets on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    move = 0.6 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    move = torch.where((move.abs() - eps).abs() < 1e-3, move + 3e-3, move)  # off the kinks
+    returns = old + torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = ragged_mask(torch.tensor([7, 0, 4, 6, 2])[:B], T)
+    return old + move, old, returns, mask
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_value_gate_three_ways(agg):
+    """The closed form g·(V − R)·w against autograd and central finite differences."""
+    from rlgates import aggregation_weight
+
+    values, old, returns, mask = critic_batch()
+    leaf = values.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(ra.value_loss(leaf, old, returns, mask, 0.2, agg), leaf)
+    gate = ra.value_gate(values, old, returns, 0.2)
+    closed = gate * (values - returns) * aggregation_weight(mask, agg)
+    assert torch.allclose(grad, closed, **TOL)
+    h = 1e-6
+    fd = torch.zeros_like(values)
+    for i, j in mask.nonzero().tolist():
+        up, down = values.clone(), values.clone()
+        up[i, j] += h
+        down[i, j] -= h
+        fd[i, j] = (ra.value_loss(up, old, returns, mask, 0.2, agg)
+                    - ra.value_loss(down, old, returns, mask, 0.2, agg)) / (2 * h)
+    assert torch.allclose(fd, closed, rtol=1e-6, atol=1e-9)
+    real = gate[mask]
+    assert 0 < (real == 0).sum() < real.numel()  # some shut, some open
+
+
+@pytest.mark.parametrize("move, target, open_", [
+    (0.1, 1.0, True),     # inside the band: plain squared error
+    (0.5, 1.0, False),    # left the band towards R, R nearer V than the edge: shut
+    (0.5, 0.4, False),    # R just past the midpoint (0.35) of edge and V
+    (0.5, 0.3, True),     # R nearer the edge: the unclipped branch is the larger
+    (0.5, -1.0, True),    # moved away from R: pulled back
+    (-0.5, -1.0, False),  # the mirror image
+])
+def test_value_gate_regions(move, target, open_):
+    old = torch.zeros(1, 1, dtype=torch.float64)
+    gate = ra.value_gate(old + move, old, old + target, clip_range=0.2)
+    assert gate.item() == float(open_)
+
+
+def test_value_clip_fraction_is_read_before_clipping():
+    """Measured on the clipped move (a bug reported in a public trainer), the fraction reads 0 on
+    a batch where the gate is shut on many tokens. Written as (V_old + clip) − V_old, as that
+    trainer wrote it, it reads rounding: |…| exceeds clip_range by an ulp on some tokens."""
+    values, old, returns, mask = critic_batch()
+    fraction = ra.value_clip_fraction(values, old, returns, mask, 0.2)
+    clipped_move = (values - old).clamp(-0.2, 0.2)
+    after = ((clipped_move.abs() > 0.2) & mask).sum() / mask.sum()
+    left_band = ((values - old).abs() > 0.2) & mask
+    assert after == 0 and 0.1 < fraction <= left_band.sum() / mask.sum()
+    assert fraction == (ra.value_gate(values, old, returns, 0.2)[mask] == 0).double().mean()
+    rebuilt = ((old + clipped_move) - old).abs()
+    noise = (rebuilt > 0.2) & mask
+    assert (rebuilt[noise] - 0.2).max() < 1e-15 and not (noise & ~left_band).any()
+
+
+def test_a_wide_band_is_plain_squared_error():
+    """Negative control: with clip_range beyond every move the loss is ½·MSE, every gate open."""
+    values, old, returns, mask = critic_batch()
+    plain = 0.5 * (values - returns)[mask].square().mean()
+    assert torch.allclose(ra.value_loss(values, old, returns, mask, 100.0), plain, **TOL)
+    assert ra.value_clip_fraction(values, old, returns, mask, 100.0) == 0
+    assert ra.value_loss(values, old, returns, mask, 0.2) > plain  # the clip binds at 0.2

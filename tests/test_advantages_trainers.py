@@ -328,3 +328,27 @@ def test_trl_rloo_normalised():
     a = ra.rloo_advantages(rewards, group_size=G)
     expected = (a - a.mean()) / (a.std() + 1e-4)
     assert torch.allclose(trl_rloo(rewards, normalize=True), expected, **FACTOR32_TOL)
+
+
+# --- the critic ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                 "seq-mean-token-mean"])
+def test_value_loss_equals_verls(agg):
+    """compute_value_loss (cliprange_value 0.5, verl's default): loss, gradient, vf_clipfrac."""
+    _, mask, values_old, *_ = batch()
+    g = torch.Generator().manual_seed(5)
+    values = values_old + torch.randn(values_old.shape, generator=g, dtype=torch.float64)
+    returns = values_old + torch.randn(values_old.shape, generator=g, dtype=torch.float64)
+    mine, theirs = values.clone().requires_grad_(True), values.clone().requires_grad_(True)
+    loss = ra.value_loss(mine, values_old, returns, mask, 0.5, agg)
+    verl_loss, verl_clipfrac = core_algos.compute_value_loss(
+        theirs, returns, values_old, mask.double(), 0.5, loss_agg_mode=agg)
+    loss.backward()
+    verl_loss.backward()
+    # seq-mean-token-mean: verl divides each response by (its count + 1e-8)
+    tol = TOL if agg != "seq-mean-token-mean" else dict(rtol=1e-8, atol=0)
+    assert torch.allclose(loss, verl_loss, **tol)
+    assert torch.allclose(mine.grad, theirs.grad, **tol)
+    fraction = ra.value_clip_fraction(values, values_old, returns, mask, 0.5)
+    assert torch.allclose(fraction, verl_clipfrac, rtol=1e-9, atol=0)  # verl: count + 1e-8
+    assert 0.05 < fraction < 0.9  # the gate is shut on some tokens, open on others
