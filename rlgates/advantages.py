@@ -20,6 +20,7 @@ one mask rule (`_numerics.check_mask`: bool, or 0/1 only), B = P·G.
     reinforce_plus_plus_baseline   r − mean_g on every token, whitened over the batch's tokens
     remax_advantages         reward-to-go − the greedy response's reward
     gdpo_advantages          Σ_k w_k·GRPO(r_k), whitened over the batch's tokens
+    optimal_token_baseline   reward-to-go − a per-token, variance-weighted group baseline
     kl_penalised_rewards     token rewards − β·k_t (verl's use_kl_in_reward)
     value_loss, value_gate, value_clip_fraction   the critic's clipped loss and its gate
 
@@ -395,6 +396,72 @@ def outcome_rewards(rewards, mask):
     return out
 
 
+# --- per-token baselines: the optimal token baseline -------------------------------------------
+def _otb_baseline(returns, weight, mask, group_size, handle_zero_tail, eps, lone_row_alone):
+    """B_t = Σ_i G_{i,t}·W_{i,t} / (Σ_i W_{i,t} + eps) over each group's real tokens at t."""
+    rows, width = mask.shape
+    if group_size is None or int(group_size) < 2 or rows % int(group_size):
+        raise ValueError(f"group_size={group_size} must be ≥ 2 and divide the batch of {rows} "
+                         "responses")
+    shape = (rows // int(group_size), int(group_size), width)
+    m = mask.view(shape)
+    g, w = (returns * mask).view(shape), (weight * mask).view(shape)
+    baseline = ((g * w).sum(1) / (w.sum(1) + eps))[:, None, :].expand(shape).clone()
+    lengths = nx.row_counts(m)
+    if lone_row_alone:  # a response alone among empty ones has no baseline
+        lone = (lengths > 0).sum(1, keepdim=True) == 1
+        baseline = torch.where(lone[..., None], 0.0, baseline)
+    if handle_zero_tail:  # past the second-longest response, the longest one has no peers
+        top2 = lengths.topk(2, dim=1).values
+        longest = (lengths == top2[:, :1]) & ((lengths == top2[:, :1]).sum(1, keepdim=True) == 1)
+        tail = torch.arange(width, device=mask.device) >= top2[:, 1:2]
+        baseline = torch.where(longest[..., None] & tail[:, None, :], 0.0, baseline)
+    return baseline.reshape(rows, width)
+
+
+def optimal_token_baseline(rewards, mask, logp_old, sum_pi_squared, group_size, is_weights=None,
+                           handle_zero_tail: bool = True, eps: float = 1e-8, by_position=True):
+    """The optimal token baseline (verl's optimal_token_baseline; tir_optimal_token_baseline with
+    by_position=False): A_t = (G_t − B_t) on the real tokens, G_t the reward-to-go and
+
+        B_t = Σ_i G_{i,t}·W_{i,t} / (Σ_i W_{i,t} + eps)   over the responses i of a group,
+        W_t = Σ_{j≤t} w_j,  w_j = (1 − 2π_j + Σ_v π(v)²)·ρ̄_j²,
+
+    π_j = exp(logp_old) of the sampled token, Σ_v π(v)² over the whole vocabulary at that token
+    (sum_pi_squared, [B, T]), ρ̄ the rollout importance weight (is_weights, default 1). With
+    handle_zero_tail, a group's unique longest response gets B = 0 past the second-longest
+    one's length (nothing to compare it with there).
+
+    by_position=True lines the group up by position t (verl's optimal_token_baseline);
+    by_position=False by the k-th real token of each response, which for multi-turn masks is
+    not the same (verl's tir_optimal_token_baseline, which also gives a response with only empty
+    peers no baseline). Returns (advantages, returns), [B, T], 0 on masked tokens.
+    """
+    rewards = _tokens(rewards, "rewards").detach()
+    m = nx.check_mask(mask, rewards.shape)
+    logp_old = _tokens(logp_old, "logp_old", rewards.shape).detach()
+    w = 1 - 2 * logp_old.exp() + _tokens(sum_pi_squared, "sum_pi_squared", rewards.shape)
+    if is_weights is not None:
+        w = w * _tokens(is_weights, "is_weights", rewards.shape).square()
+    eps = _eps(eps)
+    if by_position:
+        order = None
+    else:  # each row's real tokens first, in order: position k is the k-th real token
+        order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices
+        rewards, w = rewards.gather(1, order), w.gather(1, order)
+        m = torch.arange(m.shape[1], device=m.device) < nx.row_counts(m)[:, None]
+    returns = torch.where(m, rewards, 0.0).flip(-1).cumsum(-1).flip(-1)
+    weight = torch.where(m, w, 0.0).cumsum(-1)
+    baseline = _otb_baseline(returns, weight, m, group_size, handle_zero_tail, eps,
+                             lone_row_alone=not by_position)
+    adv = torch.where(m, returns - baseline, 0.0)
+    returns = torch.where(m, returns, 0.0)
+    if order is not None:  # back to the original positions
+        adv = torch.zeros_like(adv).scatter_(1, order, adv)
+        returns = torch.zeros_like(returns).scatter_(1, order, returns)
+    return adv, returns
+
+
 # --- the critic: clipped value loss -------------------------------------------------------------
 def _value_inputs(values, values_old, returns, clip_range):
     values = _tokens(values, "values")
@@ -474,10 +541,7 @@ VERL_ESTIMATORS = {
     "gpg": VerlEstimator(gpg_advantages, "α = B / #non-zero rewards, no std"),
     "gdpo": VerlEstimator(gdpo_advantages, "per-component GRPO, summed, whitened over tokens"),
     "optimal_token_baseline": VerlEstimator(
-        None, "out of scope: its per-token baseline weights need Σ_v π(v)² over the "
-              "vocabulary at every token (actor.calculate_sum_pi_squared), which the lab's "
-              "losses never see"),
+        optimal_token_baseline, "needs Σ_v π(v)² per token (actor.calculate_sum_pi_squared)"),
     "tir_optimal_token_baseline": VerlEstimator(
-        None, "out of scope: optimal_token_baseline over the real tokens of multi-turn "
-              "responses; the same Σ_v π(v)² input"),
+        optimal_token_baseline, "by_position=False: lined up by real token (multi-turn)"),
 }

@@ -282,3 +282,16 @@ def test_a_wide_band_is_plain_squared_error():
     assert torch.allclose(ra.value_loss(values, old, returns, mask, 100.0), plain, **TOL)
     assert ra.value_clip_fraction(values, old, returns, mask, 100.0) == 0
     assert ra.value_loss(values, old, returns, mask, 0.2) > plain  # the clip binds at 0.2
+
+
+def test_optimal_token_baseline_with_equal_weights_is_the_group_mean():
+    """Full-length responses and one π everywhere: every W_t is the same across the group, so
+    B_t is the group's mean reward-to-go at t (a leave-in baseline, per token)."""
+    rewards = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    mask = torch.ones(8, 5, dtype=torch.bool)
+    logp = torch.full((8, 5), -1.0, dtype=torch.float64)
+    adv, returns = ra.optimal_token_baseline(rewards, mask, logp, torch.full_like(logp, 0.3), 4)
+    grouped = returns.view(2, 4, 5)
+    expected = (grouped - grouped.mean(1, keepdim=True)).view(8, 5)
+    assert torch.allclose(adv, expected, rtol=1e-7, atol=1e-7)  # eps = 1e-8 in the division
+    assert (returns - rewards).abs().max() > 0.1

@@ -352,3 +352,46 @@ def test_value_loss_equals_verls(agg):
     fraction = ra.value_clip_fraction(values, values_old, returns, mask, 0.5)
     assert torch.allclose(fraction, verl_clipfrac, rtol=1e-9, atol=0)  # verl: count + 1e-8
     assert 0.05 < fraction < 0.9  # the gate is shut on some tokens, open on others
+
+
+# --- the optimal token baseline --------------------------------------------------------------------
+def otb_batch(seed=7):
+    """Four groups of four: a unique longest response (zero tail), a tie for the longest, empty
+    responses, one response alone among empty ones, and a tool call inside a response."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([9, 3, 7, 5, 1, 9, 6, 9, 0, 0, 9, 4, 0, 6, 0, 0])
+    mask = ragged_mask(lengths, T)
+    mask[2, 3:5] = False
+    mask[10, 1:3] = False
+    rewards = torch.randn(16, T, generator=g, dtype=torch.float64)
+    logp_old = -3 * torch.rand(16, T, generator=g, dtype=torch.float64)
+    pi = logp_old.exp()
+    sum_pi_squared = pi.square() + (1 - pi).square() * torch.rand(16, T, generator=g,
+                                                                  dtype=torch.float64)
+    is_weights = 0.5 + torch.rand(16, T, generator=g, dtype=torch.float64)
+    return rewards, mask, logp_old, sum_pi_squared, is_weights
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+@pytest.mark.parametrize("with_is", [False, True])
+def test_optimal_token_baseline_equals_verls(name, with_is):
+    rewards, mask, logp_old, sum_pi_squared, is_weights = otb_batch()
+    uid = np.array([f"prompt{i // 4}" for i in range(16)], dtype=object)
+    fn = core_algos.get_adv_estimator_fn(name)
+    weights = is_weights if with_is else None
+    theirs, their_returns = fn(token_level_rewards=rewards, response_mask=mask.double(),
+                               index=uid, old_log_probs=logp_old,
+                               sum_pi_squared=sum_pi_squared, rollout_is_weights=weights)
+    by_position = name == "optimal_token_baseline"
+    ours, returns = ra.optimal_token_baseline(rewards, mask, logp_old, sum_pi_squared, 4,
+                                              weights, by_position=by_position)
+    assert torch.allclose(ours, theirs * mask, **TOL)
+    assert torch.allclose(on_mask(returns, mask), on_mask(their_returns, mask), **TOL)
+    other, _ = ra.optimal_token_baseline(rewards, mask, logp_old, sum_pi_squared, 4, weights,
+                                         by_position=not by_position)
+    assert (other - ours).abs().max() > 1e-3  # position and real-token alignment differ here
+    plain, _ = ra.optimal_token_baseline(rewards, mask, logp_old, sum_pi_squared, 4, weights,
+                                         by_position=by_position, handle_zero_tail=False)
+    assert (plain - ours).abs().max() > 1e-3  # the zero tail is exercised
+    if not by_position:  # row 13 is alone among empty responses: no baseline
+        assert torch.equal(ours[13], returns[13]) and returns[13].abs().max() > 0
