@@ -1,8 +1,9 @@
 """Where A comes from: the advantage estimators of verl and TRL, and the critic's value loss.
 
 Each function is written from its formula and tested equal, in float64 on ragged batches, to the
-trainer's own function (tests/test_advantages_trainers.py); `VERL_ESTIMATORS` maps every name
-of verl's `ADV_ESTIMATOR_REGISTRY` to its function here, or says why it is out of scope.
+trainer's own code (tests/test_advantages_trainers.py): to rounding, or to float32's rounding
+where the trainer computes a step in float32. `VERL_ESTIMATORS` maps every name of verl's
+`ADV_ESTIMATOR_REGISTRY` to the function here that computes it.
 
 Shapes. Sequence rewards are [P, G] (P prompts, G responses each) or a flat batch [B] in
 batch order with `group_size=G` (consecutive rows form a group, as in TRL and verl's rollouts);
@@ -19,7 +20,7 @@ one mask rule (`_numerics.check_mask`: bool, or 0/1 only), B = P·G.
     reinforce_plus_plus      discounted reward-to-go, whitened over the batch's tokens
     reinforce_plus_plus_baseline   r − mean_g on every token, whitened over the batch's tokens
     remax_advantages         reward-to-go − the greedy response's reward
-    gdpo_advantages          Σ_k w_k·GRPO(r_k), whitened over the batch's tokens
+    gdpo_advantages          Σ_k w_k·GRPO(r_k), standardised over tokens (verl) or responses
     optimal_token_baseline   reward-to-go − a per-token, variance-weighted group baseline
     kl_penalised_rewards     token rewards − β·k_t (verl's use_kl_in_reward)
     value_loss, value_gate, value_clip_fraction   the critic's clipped loss and its gate
@@ -242,15 +243,18 @@ def reinforce_plus_plus_baseline(rewards, mask, group_size=None):
     return masked_whiten(centred, m)
 
 
-def gdpo_advantages(rewards, mask, weights=None, normalize_std: bool = True, eps: float = STD_EPS,
-                    group_size=None):
-    """GDPO (arXiv:2601.05242; verl's gdpo): each reward component k is normalised within its
-    group on its own, A_k = `group_advantages`(r_k), then A = Σ_k w_k·A_k on every real token,
-    whitened over the batch's real tokens (`masked_whiten`).
+def gdpo_advantages(rewards, mask=None, weights=None, normalize_std: bool = True,
+                    eps: float = STD_EPS, group_size=None):
+    """GDPO (arXiv:2601.05242): each reward component k is normalised within its group on its
+    own, A_k = `group_advantages`(r_k), and A = Σ_k w_k·A_k is then standardised over the batch:
 
-    rewards: [P, G, K] or [B, K] with group_size (K components; K = 1 is verl's fallback when no
-    gdpo_reward_keys are set: GRPO, then whitened). weights: K numbers, default all 1.
-    Returns [B, T], 0 on masked tokens.
+    - with a mask [B, T] (verl's gdpo): A on every real token, whitened over the batch's real
+      tokens (`masked_whiten`); returns [B, T], 0 on masked tokens. K = 1 is verl's fallback
+      when no gdpo_reward_keys are set: GRPO, then whitened;
+    - mask=None (TRL's multi_objective_aggregation="normalize_then_sum", with eps=1e-4):
+      (A − mean) / (std + eps) over the batch's responses (unbiased std); returns [P, G] or [B].
+
+    rewards: [P, G, K], or [B, K] with group_size (K components). weights: K numbers, default 1.
     """
     r = _float(rewards, "rewards")
     if r.dim() not in (2, 3) or (r.dim() == 2 and group_size is None):
@@ -263,6 +267,9 @@ def gdpo_advantages(rewards, mask, weights=None, normalize_std: bool = True, eps
                          f"got shape {tuple(w.shape)}")
     total = sum(w[i] * group_advantages(r[..., i], normalize_std, eps, group_size).reshape(-1)
                 for i in range(k))
+    if mask is None:
+        adv = (total - total.mean()) / (total.std(unbiased=True) + eps)
+        return adv.view(r.shape[:-1])
     m = _row_mask(mask, total.numel())
     return masked_whiten(total[:, None].expand(m.shape), m)
 

@@ -395,3 +395,70 @@ def test_optimal_token_baseline_equals_verls(name, with_is):
     assert (plain - ours).abs().max() > 1e-3  # the zero tail is exercised
     if not by_position:  # row 13 is alone among empty responses: no baseline
         assert torch.equal(ours[13], returns[13]) and returns[13].abs().max() > 0
+
+
+# --- several reward components: GDPO -------------------------------------------------------------
+def two_components():
+    """Two reward components on a grid of eighths: exact in float32, where verl's gdpo reads them."""
+    g = torch.Generator().manual_seed(11)
+    return torch.randint(-8, 9, (P * G, 2), generator=g).double() / 8
+
+
+def test_gdpo_with_reward_keys_equals_verls():
+    """gdpo_reward_keys: verl reads each component from non_tensor_batch as float32, puts it on
+    the response's last token and runs GRPO per component (float32 arithmetic, hence the tol)."""
+    _, mask, _, _, _, uid = batch()
+    parts = two_components()
+    config = AlgoConfig(gdpo_reward_keys=["format", "answer"], gdpo_reward_weights=[1.0, 0.5])
+    non_tensor = {"uid": uid, "format": parts[:, 0].numpy(), "answer": parts[:, 1].numpy()}
+    prompts = torch.zeros(P * G, 2, dtype=torch.long)
+    attention = torch.cat([torch.ones(P * G, 2, dtype=torch.long), mask.long()], 1)
+    fn = core_algos.get_adv_estimator_fn("gdpo")
+    theirs, _ = fn(token_level_rewards=torch.zeros(P * G, T, dtype=torch.float64),
+                   response_mask=mask.double(), index=uid, config=config,
+                   non_tensor_batch=non_tensor,
+                   batch={"prompts": prompts, "attention_mask": attention})
+    ours = ra.gdpo_advantages(parts, mask, weights=[1.0, 0.5], group_size=G)
+    assert torch.allclose(ours, theirs.double(), rtol=1e-5, atol=1e-6)
+    summed = ra.group_advantages(parts @ torch.tensor([1.0, 0.5], dtype=torch.float64),
+                                 group_size=G)
+    grpo = ra.masked_whiten(summed[:, None].expand(mask.shape), mask)
+    assert (ours - grpo).abs().max() > 1e-2  # normalise-then-sum is not sum-then-normalise
+
+
+def test_trl_normalize_then_sum():
+    parts = two_components()
+    code = installed_lines(TRL_GRPO, "GRPOTrainer._generate_and_score_completions",
+                           "grouped = rewards_per_func.view(-1, num_generations",
+                           "is_std_zero = torch.isclose(std_rewards")
+    scope = {"torch": torch, "nanstd": nanstd(), "rewards_per_func": parts.clone(),
+             "unscorable_mask": torch.zeros(P * G, dtype=torch.bool), "device": "cpu",
+             "num_generations": G, "self": types.SimpleNamespace(
+                 reward_funcs=[None, None],
+                 reward_weights=torch.tensor([1.0, 0.5], dtype=torch.float64))}
+    exec(compile(code, "<TRL normalize_then_sum>", "exec"), scope)
+    ours = ra.gdpo_advantages(parts, weights=[1.0, 0.5], eps=1e-4, group_size=G)
+    assert torch.allclose(ours, scope["advantages"], **FACTOR32_TOL)
+
+
+def test_trl_rloo_with_its_kl_in_the_reward():
+    """TRL's RLOO subtracts β·Σ_t m·(logp_old − logp_ref) from each reward (k1 summed over the
+    response), then takes the leave-one-out baseline: kl_penalised_rewards summed, then RLOO."""
+    rewards, mask, _, logp_old, logp_ref, _ = batch()
+    code = installed_lines(TRL_RLOO, "RLOOTrainer._generate_and_score_completions",
+                           "rewards = (rewards_per_func * self.reward_weights",
+                           "advantages = torch.nan_to_num(advantages, nan=0.0)")
+    scope = {"torch": torch, "nanstd": nanstd(), "gather": lambda x: x, "device": "cpu",
+             "rewards_per_func": rewards[:, None].clone(), "num_generations": G,
+             "unscorable_mask": torch.zeros(P * G, dtype=torch.bool),
+             "old_per_token_logps": logp_old, "ref_per_token_logps": logp_ref,
+             "completion_mask": mask.long(),
+             "self": types.SimpleNamespace(reward_weights=torch.ones(1, dtype=torch.float64),
+                                           reward_clip_range=None, beta=0.05,
+                                           normalize_advantages=False)}
+    exec(compile(code, "<TRL RLOO with KL>", "exec"), scope)
+    shaped = ra.kl_penalised_rewards(ra.outcome_rewards(rewards, mask), logp_old, logp_ref,
+                                     mask, 0.05).sum(-1)
+    ours = ra.rloo_advantages(shaped, group_size=G)
+    assert torch.allclose(ours, scope["advantages"], **TOL)
+    assert (ours - ra.rloo_advantages(rewards, group_size=G)).abs().max() > 1e-3
