@@ -88,9 +88,13 @@ def _grouped(rewards, group_size, name="rewards"):
 
 
 def _eps(eps):
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+    try:
+        v = float(eps)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
         raise ValueError(f"eps must be a finite number ≥ 0, got {eps!r}")
-    return float(eps)
+    return v
 
 
 def _unit(x, name):

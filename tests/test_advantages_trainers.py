@@ -12,6 +12,7 @@ across groups, and γ, λ strictly inside (0, 1) where they apply.
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 import types
 
@@ -45,11 +46,17 @@ def trainers():
     from verl.trainer.ppo import core_algos
 
 
+@functools.cache
+def parsed(relative):
+    """The text of an installed file and its syntax tree (parsed once: the files are long)."""
+    text = facts.path(relative).read_text()
+    return text, ast.parse(text)
+
+
 def installed_function(relative, name, **scope):
     """The installed definition `name` of `relative` (a package file), run from its source."""
-    text = facts.path(relative).read_text()
-    node = next(n for n in ast.walk(ast.parse(text))
-                if isinstance(n, ast.FunctionDef) and n.name == name)
+    text, tree = parsed(relative)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
     namespace = {"torch": torch, **scope}
     exec(compile(ast.get_source_segment(text, node), f"<installed {name}>", "exec"), namespace)
     return namespace[name]
@@ -58,10 +65,9 @@ def installed_function(relative, name, **scope):
 def installed_lines(relative, method, first, last):
     """The lines of the installed `method` from the one starting with `first` to the one
     starting with `last`, dedented: straight-line code to exec."""
-    text = facts.path(relative).read_text()
+    text, tree = parsed(relative)
     cls, name = method.split(".")
-    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef)
-                and n.name == cls)
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
     lines = ast.get_source_segment(text, fn, padded=True).splitlines()
     start = next(i for i, s in enumerate(lines) if s.strip().startswith(first))
@@ -346,7 +352,7 @@ def test_value_loss_equals_verls(agg):
     loss.backward()
     verl_loss.backward()
     # seq-mean-token-mean: verl divides each response by (its count + 1e-8)
-    tol = TOL if agg != "seq-mean-token-mean" else dict(rtol=1e-8, atol=0)
+    tol = TOL if agg != "seq-mean-token-mean" else dict(rtol=1e-7, atol=0)
     assert torch.allclose(loss, verl_loss, **tol)
     assert torch.allclose(mine.grad, theirs.grad, **tol)
     fraction = ra.value_clip_fraction(values, values_old, returns, mask, 0.5)
