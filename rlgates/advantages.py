@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _numerics as nx
+from .regularisers import kl_estimate
 
 #: Added to the group's std before dividing, as one large trainer does (another uses 1e-4).
 STD_EPS = 1e-6
@@ -74,7 +75,7 @@ def _grouped(rewards, group_size, name="rewards"):
         if g < 1 or r.shape[0] % g:
             raise ValueError(f"group_size={group_size} does not divide the batch of "
                              f"{r.shape[0]} {name}")
-        r = r.view(-1, g)
+        r = r.reshape(-1, g)
     elif r.dim() != 2:
         raise ValueError(f"{name} must be [num_prompts, G] or [B] with group_size, got shape "
                          f"{tuple(r.shape)}")
@@ -147,7 +148,7 @@ def group_advantages(rewards, normalize_std: bool = True, eps: float = STD_EPS, 
     with group_size=G. The std is torch's unbiased one (divides by G − 1). With
     normalize_std=False (Dr. GRPO) the advantage is r_i − mean, with no division. A group whose
     rewards are all equal gets A = 0. verl's grpo (norm_adv_by_std_in_grpo, eps 1e-6); TRL's
-    scale_rewards="group" or "none" with eps=1e-4.
+    scale_rewards="group" (eps=1e-4) and "none" (normalize_std=False).
     """
     r = _grouped(rewards, group_size)
     eps = _eps(eps)
@@ -207,8 +208,8 @@ def gpg_advantages(rewards, group_size=None):
 
 def opo_advantages(rewards, mask, group_size=None):
     """OPO (arXiv:2505.23585; verl's opo): A_i = r_i − b, b = Σ_j |o_j|·r_j / Σ_j |o_j| over the
-    group, |o_j| the real tokens of response j (mask [B, T], B = P·G). The length-weighted
-    baseline is optimal for on-policy sequence-sum gradients."""
+    group, |o_j| the real tokens of response j (mask [B, T], B = P·G): a longer response
+    weighs more in its group's baseline."""
     r = _grouped(rewards, group_size)
     m = _row_mask(mask, r.numel())
     lengths = nx.row_counts(m).to(r.dtype).view_as(r)
@@ -385,8 +386,6 @@ def kl_penalised_rewards(scores, logp_old, logp_ref, mask, beta, estimator="k1")
     if estimator == "abs":
         k = d.abs()
     else:
-        from .regularisers import kl_estimate
-
         k = kl_estimate(logp_old, logp_ref, estimator)
         if estimator == "k3":
             k = k.clamp(max=K3_CLAMP)
@@ -394,8 +393,9 @@ def kl_penalised_rewards(scores, logp_old, logp_ref, mask, beta, estimator="k1")
 
 
 def outcome_rewards(rewards, mask):
-    """[B, T] token rewards with each response's reward on its last real token (where verl's
-    reward manager puts it) and 0 elsewhere. rewards: [B]; a row with no real token gets none."""
+    """[B, T] token rewards with each response's reward on its last real token (verl puts an
+    outcome reward on a response's last token) and 0 elsewhere. rewards: [B]; a row with no
+    real token gets none."""
     r = _float(rewards, "rewards")
     if r.dim() != 1:
         raise ValueError(f"rewards must be [B], got shape {tuple(r.shape)}")
@@ -492,8 +492,8 @@ def value_loss(values, values_old, returns, mask=None, clip_range=0.5, agg="toke
 
     values: [B, T] the critic's new predictions (the gradient flows into them); values_old: the
     predictions at rollout; returns: the targets (`gae`'s returns). The max is pessimistic:
-    once V has moved more than clip_range from V_old towards R, the clipped branch is the
-    larger and constant in V, so that token's gradient is 0 (`value_gate`).
+    where V has left the band V_old ± clip_range and the clipped branch is the larger, that
+    branch is constant in V and the token's gradient is 0 (`value_gate`).
     """
     values, clipped, returns = _value_inputs(values, values_old, returns, clip_range)
     m = nx.check_mask(mask, values.shape)

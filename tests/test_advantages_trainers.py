@@ -27,6 +27,8 @@ from rlgates.trainers import facts
 # Under xdist one worker runs this group (pyproject.toml: --dist loadgroup): verl is imported once.
 pytestmark = pytest.mark.xdist_group("trainers")
 
+TRL_GRPO = "trl/trainer/grpo_trainer.py"
+TRL_RLOO = "trl/trainer/rloo_trainer.py"
 P, G, T = 3, 4, 9
 GAMMA, LAM = 0.9, 0.8
 #: float64 results: the trainers' loops and ours round differently in the last bits.
@@ -112,6 +114,27 @@ def test_the_table_names_every_verl_estimator():
     assert len(installed) == 14
     for name, entry in ra.VERL_ESTIMATORS.items():
         assert callable(entry.function) or entry.note.startswith("out of scope: "), name
+
+
+def test_the_defaults_the_docstrings_state():
+    """verl's PPO defaults: GAE with γ = λ = 1, KL in the reward (when on) by k1 ("kl"), the
+    critic's cliprange_value 0.5 and its loss_agg_mode the actor's (token-mean); the group eps:
+    verl 1e-6, TRL 1e-4 (both divide by std + eps)."""
+    assert facts.verl("algorithm.adv_estimator") == "gae"
+    assert facts.verl("algorithm.gamma") == facts.verl("algorithm.lam") == 1.0
+    assert facts.verl("algorithm.kl_penalty") == "kl"
+    assert facts.verl("algorithm.norm_adv_by_std_in_grpo") is True
+    assert facts.verl("critic.cliprange_value") == 0.5
+    assert facts.verl("critic.loss_agg_mode") == \
+        "${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}"
+    assert facts.verl("actor_rollout_ref.actor.loss_agg_mode") == "token-mean"
+    assert ra.STD_EPS == 1e-6
+    facts.says("verl/trainer/ppo/core_algos.py", "epsilon: float = 1e-6,",
+               name="compute_grpo_outcome_advantage")
+    facts.says(TRL_GRPO, "advantages = advantages / (std_rewards + 1e-4)")
+    facts.says(TRL_RLOO, "(nanstd(advantages) + 1e-4)")
+    facts.says("verl/utils/torch_functional.py", "torch.rsqrt(var + 1e-8)", name="masked_whiten")
+    assert ra.WHITEN_EPS == 1e-8
 
 
 # --- GAE ---------------------------------------------------------------------------------------
@@ -286,8 +309,6 @@ def test_remax_equals_verls():
 
 
 # --- TRL ---------------------------------------------------------------------------------------
-TRL_GRPO = "trl/trainer/grpo_trainer.py"
-TRL_RLOO = "trl/trainer/rloo_trainer.py"
 
 
 def nanstd():
