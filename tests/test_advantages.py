@@ -69,6 +69,48 @@ def test_gae_skips_a_gap_instead_of_stepping_through_it():
     assert torch.allclose(adv[2:], stepped[2:], **TOL)
 
 
+def test_gae_returns_are_lambda_returns():
+    """A third form: R_k = r_k + γ·((1 − λ)·V_{k+1} + λ·R_{k+1}) over the real tokens."""
+    rewards, values, mask = ragged()
+    _, returns = ra.gae(rewards, values, mask, GAMMA, LAM)
+    for b in range(rewards.shape[0]):
+        real = mask[b].nonzero().flatten().tolist()
+        for k, t in enumerate(real):
+            nxt = real[k + 1] if k + 1 < len(real) else None
+            v_next, r_next = (values[b, nxt], returns[b, nxt]) if nxt is not None else (0.0, 0.0)
+            expected = rewards[b, t] + GAMMA * ((1 - LAM) * v_next + LAM * r_next)
+            assert torch.allclose(returns[b, t], torch.as_tensor(expected), **TOL)
+
+
+def test_nan_and_inf_on_masked_tokens_do_not_leak():
+    """The library's rule: what sits on masked tokens (padding, tool tokens) never reaches a
+    real token's number."""
+    rewards, values, mask = ragged()
+    dirty_r, dirty_v = rewards.clone(), values.clone()
+    dirty_r[~mask], dirty_v[~mask] = torch.nan, torch.inf
+    for whiten in (False, True):
+        clean = ra.gae(rewards, values, mask, GAMMA, LAM, whiten=whiten)
+        assert all(torch.equal(a, b) for a, b in
+                   zip(ra.gae(dirty_r, dirty_v, mask, GAMMA, LAM, whiten=whiten), clean, strict=True))
+    assert torch.equal(ra.reinforce_plus_plus(dirty_r, mask, GAMMA)[0],
+                       ra.reinforce_plus_plus(rewards, mask, GAMMA)[0])
+    b = torch.zeros(6, dtype=torch.float64)
+    assert torch.equal(ra.remax_advantages(dirty_r, b, mask)[0],
+                       ra.remax_advantages(rewards, b, mask)[0])
+    logp = -torch.rand(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    sum_pi_squared = logp.exp().square()
+    dirty_logp, dirty_sum = logp.clone(), sum_pi_squared.clone()
+    dirty_logp[~mask], dirty_sum[~mask] = -torch.inf, torch.nan
+    for by_position in (True, False):
+        clean = ra.optimal_token_baseline(rewards, mask, logp, sum_pi_squared, 2,
+                                          by_position=by_position)
+        dirty = ra.optimal_token_baseline(dirty_r, mask, dirty_logp, dirty_sum, 2,
+                                          by_position=by_position)
+        assert all(torch.equal(a, b) for a, b in zip(dirty, clean, strict=True))
+    assert torch.equal(ra.value_loss(dirty_v, values, dirty_r, mask, 0.2),
+                       ra.value_loss(values, values, rewards, mask, 0.2))
+
+
 def test_whitened_gae_has_zero_mean_and_unit_std_on_the_real_tokens():
     rewards, values, mask = ragged()
     adv, _ = ra.gae(rewards, values, mask, GAMMA, LAM, whiten=True)
@@ -203,6 +245,8 @@ M = torch.ones(2, 3)
     (lambda: ra.kl_penalised_rewards(X, X, X, M, -1, "k1"), "beta must be"),
     (lambda: ra.gdpo_advantages(torch.ones(4, 2), M, group_size=2, weights=[1.0]),
      "one number per reward component"),
+    (lambda: ra.optimal_token_baseline(X, M, X, X, group_size=3), "group_size=3 must be ≥ 2"),
+    (lambda: ra.value_loss(X, X, X, M, clip_range=-0.1), "clip_range must be finite"),
 ])
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
