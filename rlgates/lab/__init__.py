@@ -33,6 +33,8 @@ from .loop import (
 )
 from .report import (
     curves,
+    family_table,
+    family_verdicts,
     format_interval,
     interval,
     method_color,
@@ -46,6 +48,7 @@ from .task import PatternTask
 
 __all__ = [
     "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
+    "family_table", "family_verdicts",
     "format_interval", "interval", "method_color", "method_name", "metric_doc",
     "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
     "run_many", "summary",
