@@ -429,6 +429,8 @@ def test_family_verdicts_holm_and_marginal():
                      "straddles, near": True, "straddles, far": False}
     table = lab.family_table(ends)
     assert "lower (marginal)" in table and "| far below |" in table and "Holm" in table
+    assert lab.marked_verdict(ends["close below"]) == "lower (marginal)"
+    assert lab.marked_verdict(ends["far below"]) == "lower"
 
 
 def test_interval_verdict_agrees_with_the_t_test():

@@ -145,12 +145,18 @@ def family_verdicts(diffs: dict, margin=0.005, null=0.0, alpha=0.05) -> dict:
     return out
 
 
+def marked_verdict(diff: dict, margin=0.005) -> str:
+    """`verdict`'s word for one comparison, followed by " (marginal)" when `family_verdicts`
+    flags its interval (a family of one, so no Holm adjustment)."""
+    one = family_verdicts({"": diff}, margin)[""]
+    return one["raw"] + (" (marginal)" if one["marginal"] else "")
+
+
 def family_table(diffs: dict, fmt="+.3f", margin=0.005) -> str:
     """A Markdown table of `family_verdicts`: per comparison, mean [95 % interval], the raw
     verdict (marked when marginal), the p-value, and the Holm-adjusted p-value and verdict."""
     fam = family_verdicts(diffs, margin)
-    rows = [[label, format_interval(d, fmt),
-             fam[label]["raw"] + (" (marginal)" if fam[label]["marginal"] else ""),
+    rows = [[label, format_interval(d, fmt), marked_verdict(d, margin),
              f"{fam[label]['p']:.3f}", f"{fam[label]['p_holm']:.3f}", fam[label]["holm"]]
             for label, d in diffs.items()]
     return (markdown(rows, ["comparison", "mean [95 % interval]", "verdict", "p",
@@ -193,5 +199,5 @@ def method_color(label, fallback="C0"):
 
 
 __all__ = ["curves", "family_table", "family_verdicts", "finals", "format_interval", "interval",
-           "method_color", "paired_difference", "paired_table", "summary", "summary_table",
-           "t975", "t_pvalue", "verdict"]
+           "marked_verdict", "method_color", "paired_difference", "paired_table", "summary",
+           "summary_table", "t975", "t_pvalue", "verdict"]
