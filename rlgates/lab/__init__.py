@@ -33,8 +33,11 @@ from .loop import (
 )
 from .report import (
     curves,
+    family_table,
+    family_verdicts,
     format_interval,
     interval,
+    marked_verdict,
     method_color,
     paired_difference,
     paired_table,
@@ -46,7 +49,8 @@ from .task import PatternTask
 
 __all__ = [
     "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
-    "format_interval", "interval", "method_color", "method_name", "metric_doc",
+    "family_table", "family_verdicts",
+    "format_interval", "interval", "marked_verdict", "method_color", "method_name", "metric_doc",
     "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
     "run_many", "summary",
     "summary_table", "summed_loss", "train", "verdict", "loop", "report", "task",
