@@ -77,10 +77,12 @@ def explore(name, **panel_kwargs):
                 ax.set_ylim(-new_lim, new_lim)
             panels._background = None  # the y ticks change: redraw the static frame once
         panels.update(m)
+        # the image first: each value set here is a message to the browser (none when the value
+        # is unchanged, as the status mostly is), and the image is the one a reader waits for
+        image.value = panels.png(dpi=dpi)
+        title.value = _caption_html(panels.caption)
         status.value = (f"The log ρ axis was widened (to ±{new_lim:.3g}) so that every clip "
                         "bound stays in view." if new_lim > base_lim else "")
-        title.value = _caption_html(panels.caption)
-        image.value = panels.png(dpi=dpi)
 
     for s in sliders.values():
         s.observe(redraw, names="value")
