@@ -283,7 +283,8 @@ class GatePanels:
         return True
 
     def png(self, dpi=72) -> bytes:
-        """The figure as PNG bytes. With live=True only the moving parts are redrawn (blitting)."""
+        """The figure as PNG bytes. With live=True only the moving parts are redrawn (blitting),
+        and the heatmaps are painted from their cells (`_ScreenCells`), not resampled."""
         import io
 
         from matplotlib.backends.backend_agg import FigureCanvasAgg
