@@ -30,6 +30,19 @@ def _caption_html(text):
     return f"<span style='font-size:10pt'>{html.escape(text)}</span>"
 
 
+def _slider_class():
+    """ipywidgets' FloatSlider, less the echo: ipywidgets 8 sends every value the browser sets
+    back to it (`echo_update`, for other windows on the same kernel), one message more per move
+    on the path the reader waits on. Here one window shows the sliders."""
+    import ipywidgets as w
+    from traitlets import CFloat
+
+    class FloatSlider(w.FloatSlider):
+        value = CFloat(0.0, help="Float value").tag(sync=True, echo_update=False)
+
+    return FloatSlider
+
+
 def explore(name, **panel_kwargs):
     """ipywidgets sliders for every hyperparameter of `name`, redrawing its gate | signal panels.
 
@@ -60,8 +73,8 @@ def explore(name, **panel_kwargs):
     sliders = {}
     for key, value in method.hparams.items():
         lo, hi, step = method.slider_range(key)
-        sliders[key] = w.FloatSlider(value=value, min=lo, max=hi, step=step, description=key,
-                                     readout_format=".3g", continuous_update=True)
+        sliders[key] = _slider_class()(value=value, min=lo, max=hi, step=step, description=key,
+                                       readout_format=".3g", continuous_update=True)
     status = w.HTML()
 
     def redraw(_change=None):

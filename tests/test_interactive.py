@@ -151,3 +151,23 @@ def test_live_heatmaps_are_painted_as_matplotlib_draws_them():
                 assert (np.asarray(canvas.buffer_rgba()) != drawn).any(axis=-1).sum() > 500
             screen.cells = cells
     panels.close()
+
+
+def test_sliders_do_not_echo_the_browsers_value():
+    """A value set by the browser is not sent back (ipywidgets 8's echo_update: a message per
+    move); a value set in the kernel still reaches the browser. Control: ipywidgets' own
+    FloatSlider echoes."""
+    import ipywidgets as w
+
+    box = rlgates.explore("sapo")
+    ours, theirs = box.sliders["tau_pos"], w.FloatSlider(value=1.0)
+    sent = {id(ours): [], id(theirs): []}
+    for slider in (ours, theirs):
+        slider._send = lambda msg, buffers=None, s=slider: sent[id(s)].append(msg["method"])
+        slider.set_state({"value": 0.5})  # as a browser's move arrives
+        assert slider.value == 0.5
+    assert sent[id(theirs)] == ["echo_update"] and sent[id(ours)] == []
+    assert box.panels.method.hparams["tau_pos"] == 0.5  # the move redrew the figure
+    ours.value = 0.7  # set in the kernel: sent
+    assert sent[id(ours)] == ["update"]
+    box.panels.close()
