@@ -9,8 +9,8 @@ from .methods import get
 
 #: Pixels per CSS pixel of the live figure: 1, where the book's static figures have 1.5
 #: (notebook.IMAGE_SCALE). A move then draws and encodes 2.25x fewer pixels (a PNG of about 72
-#: instead of 117 kB) and takes about 60 % of the kernel's time (benchmarks/jupyterlab_slider.py);
-#: the image is a little softer on a high-density screen.
+#: instead of 117 kB) and takes about two thirds of the kernel's time
+#: (benchmarks/jupyterlab_slider.py); the image is a little softer on a high-density screen.
 LIVE_SCALE = 1.0
 
 
