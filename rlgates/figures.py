@@ -347,7 +347,8 @@ class _ScreenCells:
         norm = Keep()
         probe = AxesImage(image.axes, norm=norm, interpolation="nearest",
                           interpolation_stage="data", origin=image.origin,
-                          extent=image.get_extent())
+                          extent=image.get_extent(), resample=image.get_resample(),
+                          filternorm=image.get_filternorm(), filterrad=image.get_filterrad())
         probe.set_transform(image.get_transform())
         probe.set_clip_box(image.get_clip_box())
         shape = image.get_array().shape
