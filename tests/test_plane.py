@@ -20,6 +20,26 @@ def test_plane_grid_matches_the_elementwise_functions(name):
     assert np.allclose(p.signal, p.gate * ratio * p.adv[None, :], rtol=1e-15, atol=0)
 
 
+def test_plane_is_computed_on_one_torch_thread(monkeypatch):
+    """A plane is small: its gate is computed on one torch thread (on a busy machine a second
+    one waits for a core), and torch's thread count is restored afterwards."""
+    method = rlgates.get("sapo")
+    seen, gate = [], type(method)._gate
+
+    def counting_gate(self, ratio, adv):
+        seen.append(torch.get_num_threads())
+        return gate(self, ratio, adv)
+
+    monkeypatch.setattr(type(method), "_gate", counting_gate)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # more than one, so that the check can fail
+    try:
+        rlgates.plane(method, n=21)
+        assert seen == [1, 1] and torch.get_num_threads() == 2  # gate and signal
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_ppo_plane_has_its_four_regions():
     p = rlgates.plane("ppo", log_ratio_lim=0.6, n=61)
     A, lr = np.meshgrid(p.adv, p.log_ratio)
@@ -107,6 +127,31 @@ def test_live_panels_move_their_edges_in_place():
     assert panels.caption.startswith("SAPO") and "tau_pos=0.3" in panels.caption
     assert not panels.fig._suptitle or not panels.fig._suptitle.get_text()  # shown as text
     panels.close()
+
+
+def test_live_panels_move_hard_edges_in_place():
+    """Live, a hard gate's edge lines are the same artists, moved to the new bounds on their
+    side of A = 0 (never stacked); a static figure draws its edges anew."""
+    panels = rlgates.GatePanels("dapo", live=True)
+    lines = list(panels._moving)
+    for eps_high in (0.4, 0.1):
+        m = rlgates.get("dapo", eps_high=eps_high)
+        panels.update(m)
+        assert all(a is b for a, b in zip(panels._moving, lines, strict=True))
+        want = sorted((float(np.log(r)), (0.0, 1.0) if side > 0 else (-1.0, 0.0))
+                      for r, side in m.bounds())
+        for ax in panels.axes:
+            drawn = sorted((float(line.get_ydata()[0]), tuple(line.get_xdata()))
+                           for line in ax.lines if line.get_linestyle() == "--")
+            assert drawn == want
+    panels.close()
+    static = rlgates.GatePanels("dapo")
+    lines = list(static._moving)
+    static.update(rlgates.get("dapo", eps_high=0.4))
+    assert not any(a is b for a, b in zip(static._moving, lines, strict=True))
+    assert _dashed_levels(static.axes[0]) == sorted(
+        round(float(np.log(r)), 12) for r in (0.8, 1.4))
+    static.close()
 
 
 def test_colours_encourage_red_discourage_blue():
