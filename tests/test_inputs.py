@@ -23,10 +23,9 @@ def test_names_are_case_insensitive():
     ("ppo", {"eps": -0.1}, "eps must be ≥ 0"),
     ("ppo", {"eps": 1.0}, "eps must be < 1"),
     ("grpo", {"eps": float("nan")}, "eps must be finite"),
-    ("dapo", {"eps_low": 1.0}, "eps_low must be < 1"),
     ("dapo", {"eps_low": -0.01}, "eps_low must be ≥ 0"),
     ("dapo", {"eps_high": -0.2}, "eps_high must be ≥ 0"),
-    ("sao", {"eps_low": 1.5}, "eps_low must be < 1"),
+    ("sao", {"eps_low": -0.5}, "sao: eps_low must be ≥ 0"),
     ("gspo", {"eps_high": "wide"}, "eps_high must be a number"),
     ("sapo", {"tau_pos": 0.0}, "tau_pos must be > 0"),
     ("sapo", {"tau_neg": -1.0}, "tau_neg must be > 0"),
@@ -37,11 +36,25 @@ def test_names_are_case_insensitive():
     ("dro", {"beta": float("inf")}, "dro: beta must be finite"),
     ("gpg", {"eps": 0.2}, "gpg: unknown hyperparameter.*no hyperparameters"),
     ("dapo_dual_clip", {"c": 1.0}, "dapo_dual_clip: c must be > 1"),
-    ("dapo_dual_clip", {"eps_low": 1.0}, "dapo_dual_clip: eps_low must be < 1"),
+    ("dapo_dual_clip", {"eps_low": -1.0}, "dapo_dual_clip: eps_low must be ≥ 0"),
 ])
 def test_bad_hyperparameters(name, hparams, match):
     with pytest.raises(ValueError, match=match):
         rlgates.get(name, **hparams)
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo", "sao", "dapo_dual_clip", "luspo"])
+def test_eps_low_of_one_or_more_means_no_lower_edge(name):
+    """verl accepts clip_ratio_low ≥ 1 (a lower edge at or below 0): no ratio is clipped from
+    below. The negative control: at ε_l = 0.5 the same tokens are shut."""
+    ratio = torch.tensor([1e-3, 0.1, 0.4, 0.9, 1.0], dtype=torch.float64)
+    adv = -torch.ones_like(ratio)
+    for eps_low in (1.0, 1.5):
+        m = rlgates.get(name, eps_low=eps_low)
+        assert torch.equal(m.gate(ratio, adv), torch.ones_like(ratio)), (name, eps_low)
+        assert all(edge > 0 for edge, _ in m.bounds())
+    shut = rlgates.get(name, eps_low=0.5).gate(ratio, adv)
+    assert shut[:3].eq(0).all() and shut[3:].eq(1).all()
 
 
 def test_defaults_follow_the_papers():

@@ -94,5 +94,5 @@ def test_vespo_bad_hyperparameters_are_named(hparams, match):
 
 
 def test_luspo_bad_hyperparameters_are_named():
-    with pytest.raises(ValueError, match="luspo: eps_low must be < 1"):
-        rlgates.get("luspo", eps_low=1.0)
+    with pytest.raises(ValueError, match="luspo: eps_low must be ≥ 0"):
+        rlgates.get("luspo", eps_low=-0.1)

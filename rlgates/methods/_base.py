@@ -77,9 +77,13 @@ def _hparam(method, name, value, *, low=None, low_open=False, below=None):
 
 
 def _window(method):
-    """Validate `eps_low` ∈ [0, 1) and `eps_high` ≥ 0; return the window (1 − ε_l, 1 + ε_h)."""
+    """Validate `eps_low` ≥ 0 and `eps_high` ≥ 0; return the window (1 − ε_l, 1 + ε_h).
+
+    ε_l ≥ 1 puts the lower edge at or below 0, where no ratio lies: no lower clip. verl accepts
+    such a `clip_ratio_low` and computes exactly that, so the methods do too (`bounds` then
+    leaves the lower edge out)."""
     h = method.hparams
-    h["eps_low"] = _hparam(method.name, "eps_low", h["eps_low"], low=0, below=1)
+    h["eps_low"] = _hparam(method.name, "eps_low", h["eps_low"], low=0)
     h["eps_high"] = _hparam(method.name, "eps_high", h["eps_high"], low=0)
     return 1 - h["eps_low"], 1 + h["eps_high"]
 

@@ -49,7 +49,7 @@ class SignClip(Method):
         return (open_pos | open_neg).to(ratio.dtype)
 
     def bounds(self):
-        return [(self.high, +1), (self.low, -1)]
+        return [(self.high, +1)] + ([(self.low, -1)] if self.low > 0 else [])
 
 
 @register
@@ -239,4 +239,5 @@ class DualClip(PPO):
         return (open_pos | open_neg).to(ratio.dtype)
 
     def bounds(self):
-        return [(self.high, +1), (self.low, -1), (self.c, -1)]
+        lower = [(self.low, -1)] if self.low > 0 else []
+        return [(self.high, +1), *lower, (self.c, -1)]

@@ -58,4 +58,4 @@ class SAO(Method):
         return inside.to(ratio.dtype).expand(shape)
 
     def bounds(self):
-        return [(self.high, 0), (self.low, 0)]
+        return [(self.high, 0)] + ([(self.low, 0)] if self.low > 0 else [])

@@ -72,9 +72,11 @@ def verl_rows() -> list[Row]:
         method_row("ppo"),
         method_row("grpo"),
         method_row("dapo"),
+        method_row("dapo", eps_low=1.5),  # clip_ratio_low above 1: no lower clip
         method_row("dual_clip"),
         method_row("dapo_dual_clip"),
         method_row("gspo"),
+        method_row("gspo", eps_low=1.5),  # no lower edge on the sequence ratio
         method_row("sapo"),
         method_row("cispo"),
         method_row("cispo", eps_low=1.5),  # clip_ratio_low above 1: no lower bound, as at 1
