@@ -6,6 +6,7 @@
     >>> runs[0].metrics["reward"][-1], runs[0].final("entropy")
     >>> many = lab.run_many(["ppo", "dapo"], seeds=range(10), config=cfg)
     >>> lab.paired_difference(many, "dapo", "ppo", "reward")  # mean and 95 % interval
+    >>> lab.paired(many, "dapo", "ppo", lab.area)  # learning speed: the mean over all steps
     >>> lab.run_many({"k=0": lab.Arm("ppo", lag=0), "k=8": lab.Arm("ppo", lag=8)}, range(10))
 
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
@@ -32,22 +33,29 @@ from .loop import (
     train,
 )
 from .report import (
+    area,
+    budget_table,
     curves,
     format_interval,
     interval,
     method_color,
+    paired,
     paired_difference,
     paired_table,
+    plateau,
+    slope,
     summary,
     summary_table,
+    upto,
     verdict,
 )
 from .task import PatternTask
 
 __all__ = [
-    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
+    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area", "budget_table",
+    "curves", "default_agg",
     "format_interval", "interval", "method_color", "method_name", "metric_doc",
-    "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
-    "run_many", "summary",
-    "summary_table", "summed_loss", "train", "verdict", "loop", "report", "task",
+    "paired", "paired_difference", "paired_table", "plateau", "plot_runs", "plot_shut_by_sign",
+    "resolve", "rollout", "run_many", "slope", "summary",
+    "summary_table", "summed_loss", "train", "upto", "verdict", "loop", "report", "task",
 ]
