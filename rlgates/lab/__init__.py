@@ -11,8 +11,9 @@
 
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
 training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts
-and tables). The policy is rlgates.LabPolicy. The metrics are every diagnostic registered in
-`rlgates.diagnostics` plus the lab's own (`lab.metric_doc()`).
+and tables; learning speed and plateaus: `area`, `slope`, `plateau`, `upto`). The policy is
+rlgates.LabPolicy. The metrics are every diagnostic registered in `rlgates.diagnostics` plus the
+lab's own (`lab.metric_doc()`).
 """
 
 from ..figures import plot_runs, plot_shut_by_sign

@@ -2,6 +2,10 @@
 
 All intervals are Student-t intervals over seeds (runs are independent; the seeds are common to
 every method, so a difference between two methods is taken seed by seed: a paired difference).
+
+A run's last-5 mean, read after a fixed number of steps on a curve that still rises, measures
+learning speed at that budget. `area` (the mean over all steps) measures speed directly; `slope`
+and `plateau` find where a reward stops rising; `upto` reads long runs at any shorter budget.
 """
 
 from __future__ import annotations
@@ -110,9 +114,6 @@ def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
             f"{n} common seeds: mean [95 % interval] of each run's mean over its last {last} "
             "steps minus its baseline's.")
 
-
-# Learning speed and plateaus. A last-5 mean read after a fixed number of steps, on curves that
-# still rise, compares how fast the methods learn at that budget, not where they end.
 
 def upto(runs: dict, steps: int) -> dict:
     """The runs as they stood after their first `steps` steps: {label: [LabResult]} with every
