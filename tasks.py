@@ -124,7 +124,8 @@ def execute_chapters() -> None:
     shutil.rmtree(EXECUTED, ignore_errors=True)
     chapter_notebooks()
     rc = sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
-            "-n", "auto", "--dist", "loadfile", "-p", "nbval_record", "--nbval-record", EXECUTED,
+            "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
+            "-p", "nbval_record", "--nbval-record", EXECUTED,
             "chapters", check=False,
             env={**TEST_ENV, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),

@@ -10,11 +10,17 @@ the token's probability) is red, discourage is blue, zero gradient is white or g
     GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
     png_rgb(rgb)                                    a fast PNG for the live sliders
     plot_runs(runs, key), plot_shut_by_sign(runs)   lab curves over seeds (rlgates.lab)
+
+A method that reads side information (`Method.side_inputs`, rlgates.SideInfo) is drawn with
+`side=`: the plane holds those fields fixed while A and log ρ vary (a number per field, or a
+tensor that broadcasts to the grid), and the caption says which values it holds. Without it
+the method's ValueError names the field it lacks.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +57,10 @@ def sign_legend(ax, extra=(), **kwargs):
 
 
 def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim=None,
-                   size=10, legend=True):
+                   size=10, legend=True, side=None):
     """Tokens as points on the (A, log ρ) plane, red for A > 0 and blue for A < 0; tokens whose
-    gate is shut (from `gate`, or from `method` at these points) are hollow grey circles.
+    gate is shut (from `gate`, or from `method` at these points, with its side information
+    `side` per token) are hollow grey circles.
 
     With `method` its clip edges are drawn too. Returns the axes.
     """
@@ -61,7 +68,7 @@ def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim
     log_ratio = np.asarray(torch.as_tensor(log_ratio, dtype=torch.float64).flatten())
     method = _method(method) if method is not None else None
     if gate is None and method is not None:
-        gate = method.gate(torch.from_numpy(log_ratio).exp(), torch.from_numpy(adv))
+        gate = method.gate(torch.from_numpy(log_ratio).exp(), torch.from_numpy(adv), side)
     shut = (np.zeros_like(adv, dtype=bool) if gate is None
             else np.asarray(torch.as_tensor(gate).flatten()) == 0)
     colour = np.where(adv > 0, ENCOURAGE, DISCOURAGE)
@@ -90,7 +97,7 @@ def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim
 
 def axis_symbols(method: Method):
     """('A_t', '\\rho_t') at token level, ('A_s', '\\rho_s') for sequence-level methods."""
-    s = "s" if method.level == "sequence" else "t"
+    s = "t" if method.level == "token" else "s"
     return f"A_{s}", rf"\rho_{s}"
 
 
@@ -108,16 +115,44 @@ class Plane:
         return (self.adv[0], self.adv[-1], self.log_ratio[0], self.log_ratio[-1])
 
 
-def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201) -> Plane:
-    """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim."""
+@contextmanager
+def _one_torch_thread():
+    """torch on one thread inside the block. A plane is too small to gain from more: a slider
+    evaluates one per move, and on a machine with a core busy elsewhere, the second thread of
+    each operation waits for that core (20x the CPU time of one thread, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201, side=None) -> Plane:
+    """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim.
+    side: the side information held fixed over the grid (for a method with side inputs)."""
     method = _method(method)
     lim = default_lim(method) if log_ratio_lim is None else log_ratio_lim
-    adv = torch.linspace(-adv_lim, adv_lim, n, dtype=torch.float64)
-    log_ratio = torch.linspace(-lim, lim, n, dtype=torch.float64)
-    ratio = log_ratio.exp()[:, None]
-    a = adv[None, :]
-    return Plane(adv.numpy(), log_ratio.numpy(), method.gate(ratio, a).numpy(),
-                 method.signal(ratio, a).numpy())
+    with _one_torch_thread():
+        adv = torch.linspace(-adv_lim, adv_lim, n, dtype=torch.float64)
+        log_ratio = torch.linspace(-lim, lim, n, dtype=torch.float64)
+        ratio = log_ratio.exp()[:, None]
+        a = adv[None, :]
+        return Plane(adv.numpy(), log_ratio.numpy(), method.gate(ratio, a, side).numpy(),
+                     method.signal(ratio, a, side).numpy())
+
+
+def side_caption(method, side) -> str:
+    """', holding probs_old = 0.9' and so on: the side information a figure holds fixed (its
+    single values; a field that varies is named only). Empty for a gate of (ρ, A)."""
+    if side is None or not getattr(method, "side_inputs", ()):
+        return ""
+    held = []
+    for name in method.side_inputs:
+        value = getattr(side, name, None)
+        if value is not None:
+            held.append(f"{name} = {float(value):g}" if value.numel() == 1 else f"{name} given")
+    return ", holding " + ", ".join(held) if held else ""
 
 
 def half_gate_lines(grid: Plane) -> list[np.ndarray]:
@@ -138,17 +173,25 @@ def half_gate_lines(grid: Plane) -> list[np.ndarray]:
     return lines
 
 
-def draw_edges(ax, method: Method, adv_lim, grid: Plane | None = None):
-    """Draw the gate's edges: a hard gate's as dashed lines on their side of A = 0; for a smooth
-    gate (no `bounds()`), the dashed curves where it has fallen to one half (`half_gate_lines` on
-    `grid`), as one LineCollection.
-    """
+def _bound_lines(method: Method, adv_lim):
+    """A hard gate's edges as ([x0, x1], [y, y]): each bound on its side of A = 0."""
+    lines = []
     for ratio, side in method.bounds():
         x0, x1 = {+1: (0, adv_lim), -1: (-adv_lim, 0), 0: (-adv_lim, adv_lim)}[side]
-        ax.plot([x0, x1], [np.log(ratio)] * 2, **EDGE_STYLE)
+        lines.append(([x0, x1], [np.log(ratio)] * 2))
+    return lines
+
+
+def draw_edges(ax, method: Method, adv_lim, grid: Plane | None = None, lines=None):
+    """Draw the gate's edges: a hard gate's as dashed lines on their side of A = 0; for a smooth
+    gate (no `bounds()`), the dashed curves where it has fallen to one half (`half_gate_lines` on
+    `grid`, or `lines` when they are already traced), as one LineCollection.
+    """
+    for xs, ys in _bound_lines(method, adv_lim):
+        ax.plot(xs, ys, **EDGE_STYLE)
     if method.bounds() or grid is None:
         return
-    lines = half_gate_lines(grid)
+    lines = half_gate_lines(grid) if lines is None else lines
     if lines:
         from matplotlib.collections import LineCollection
 
@@ -162,16 +205,19 @@ class GatePanels:
     Its title, `caption`, names the method and its hyperparameters; with live=True the figure
     leaves it out, for the widget to show as text.
 
+    side: the side information held fixed (a method with side inputs), named in the caption.
+
     Left: sign(A)·f'(ρ; A), so an open gate is red where it encourages and blue where it
     discourages. Right: the learning signal f'·ρ·A. Both share axes; colour bars are labelled.
     """
 
     def __init__(self, method, adv_lim=1.0, log_ratio_lim=None, n=201, signal_max=None, axes=None,
-                 live=False):
+                 live=False, side=None):
         import matplotlib.pyplot as plt
 
         self.adv_lim, self.lim, self.n, self.signal_max = adv_lim, log_ratio_lim, n, signal_max
-        self.live, self._background = live, None
+        self.live, self._background, self._screens = live, None, None
+        self.side = side
         if axes is None:
             fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True,
                                      layout="constrained")
@@ -184,14 +230,11 @@ class GatePanels:
         """Redraw for `method` (a name or a Method). Returns self."""
         method = get(method) if isinstance(method, str) else method
         self.method = method
-        p = plane(method, self.adv_lim, self.lim, self.n)
+        p = plane(method, self.adv_lim, self.lim, self.n, self.side)
         smax = self.signal_max or max(float(np.abs(p.signal).max()), 1e-12)
         signed_gate = np.sign(p.adv)[None, :] * p.gate
         A, r = axis_symbols(method)
         left, right = self.axes
-        for artist in self._moving:
-            artist.remove()
-        self._moving = []
         if not hasattr(self, "_images"):
             # resampled as data, then coloured: with nearest it looks the same as the default
             # (colour first; at most 1/255 apart) and draws about 4x faster, which a slider feels
@@ -227,19 +270,44 @@ class GatePanels:
                 if tuple(im.get_extent()) != p.extent:  # only when the axis was resized
                     im.set_extent(p.extent)
             self._images[1].set_clim(-smax, smax)
-        for ax in self.axes:
-            n_lines, n_coll = len(ax.lines), len(ax.collections)
-            draw_edges(ax, method, self.adv_lim, p)
-            self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
-        for artist in self._moving:
-            artist.set_animated(self.live)
-        self.caption = f"{method.title}: {method!r}"
+        bounds = _bound_lines(method, self.adv_lim)
+        lines = [] if bounds else half_gate_lines(p)  # traced once, for both panels
+        if not (self.live and self._move_edges(bounds, lines)):
+            for artist in self._moving:
+                artist.remove()
+            self._moving = []
+            for ax in self.axes:
+                n_lines, n_coll = len(ax.lines), len(ax.collections)
+                draw_edges(ax, method, self.adv_lim, p, lines=lines)
+                self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
+            for artist in self._moving:
+                artist.set_animated(self.live)
+        self.caption = f"{method.title}: {method!r}{side_caption(method, self.side)}"
         if self._title is not None:
             self._title.set_text(self.caption)
         return self
 
+    def _move_edges(self, bounds, lines) -> bool:
+        """Give the edge artists of the last update their new places, when there are as many as
+        before (a Line2D per bound, one LineCollection for the half-gate lines, on each axes):
+        a slider moves them without the cost of new artists. False if the count differs."""
+        from matplotlib.collections import LineCollection
+        from matplotlib.lines import Line2D
+
+        per_axes = [Line2D] * len(bounds) + ([LineCollection] if lines else [])
+        if [type(a) for a in self._moving] != per_axes * len(self.axes):
+            return False
+        places = [*bounds, *([lines] if lines else [])] * len(self.axes)
+        for artist, place in zip(self._moving, places, strict=True):
+            if isinstance(artist, Line2D):
+                artist.set_data(*place)
+            else:
+                artist.set_segments(place)
+        return True
+
     def png(self, dpi=72) -> bytes:
-        """The figure as PNG bytes. With live=True only the moving parts are redrawn (blitting)."""
+        """The figure as PNG bytes. With live=True only the moving parts are redrawn (blitting),
+        and the heatmaps are painted from their cells (`_ScreenCells`), not resampled."""
         import io
 
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -257,8 +325,13 @@ class GatePanels:
             canvas.draw()
             self.fig.set_layout_engine("none")
             self._background = canvas.copy_from_bbox(self.fig.bbox)
+            self._screens = [_ScreenCells(im, canvas.get_renderer()) for im in self._images]
         canvas.restore_region(self._background)
-        for artist in (*self._images, *self._overlay, *self._moving):  # as a full draw stacks them
+        buffer = np.asarray(canvas.buffer_rgba())
+        for im, screen in zip(self._images, self._screens, strict=True):
+            if not screen.paint(im, buffer):  # not a case it knows: matplotlib draws it
+                self.fig.draw_artist(im)
+        for artist in (*self._overlay, *self._moving):  # over the images, as a full draw does
             self.fig.draw_artist(artist)
         # RGB: the figure is opaque, and a fourth channel costs encoding time and bytes
         rgb = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")  # fast in Pillow
@@ -268,6 +341,65 @@ class GatePanels:
         import matplotlib.pyplot as plt
 
         plt.close(self.fig)
+
+
+class _ScreenCells:
+    """Which data cell each screen pixel of an image shows, to paint a new frame of a live
+    figure's heatmap straight into the canvas: its cells coloured by its own norm and colour map,
+    then copied to the pixels that show them. With nearest resampling of the data this is the
+    image a draw makes, pixel for pixel, at a fraction of the cost (matplotlib resamples the
+    data, then colours every screen pixel, on each draw).
+
+    The map is matplotlib's own: the cells' flat indices, resampled once through a copy of the
+    image (same extent, transform and clip) whose norm keeps what it is given. Valid while the
+    image's extent, data shape and place on the canvas stay as they were when it was made."""
+
+    def __init__(self, image, renderer):
+        from matplotlib.colors import Normalize
+        from matplotlib.image import AxesImage
+
+        class Keep(Normalize):  # in the draw, the norm gets the data resampled to the screen
+            def __call__(self, value, clip=None):
+                self.seen = np.ma.getdata(value).copy()
+                return super().__call__(value, clip)
+
+        self.key = self._key(image)
+        self.cells = None
+        if image.get_interpolation() != "nearest" or image.get_interpolation_stage() != "data":
+            return  # other resamplings mix cells: no one cell per pixel
+        norm = Keep()
+        probe = AxesImage(image.axes, norm=norm, interpolation="nearest",
+                          interpolation_stage="data", origin=image.origin,
+                          extent=image.get_extent(), resample=image.get_resample(),
+                          filternorm=image.get_filternorm(), filterrad=image.get_filterrad())
+        probe.set_transform(image.get_transform())
+        probe.set_clip_box(image.get_clip_box())
+        shape = image.get_array().shape
+        probe.set_data(np.arange(math.prod(shape), dtype=np.float64).reshape(shape))
+        rgba, left, bottom, _ = probe.make_image(renderer, renderer.get_image_magnification())
+        if rgba is None or (rgba[..., 3] != 255).any():
+            return  # a pixel that no cell covers fully: leave such images to matplotlib
+        h, w = norm.seen.shape
+        top = int(renderer.height - bottom - h)  # Agg's rows run down; the image's run up
+        self.rows, self.cols = slice(top, top + h), slice(int(left), int(left) + w)
+        self.cells = norm.seen[::-1].astype(np.intp)
+
+    @staticmethod
+    def _key(image):
+        bbox = image.axes.bbox
+        return (tuple(image.get_extent()), image.get_array().shape, tuple(bbox.bounds))
+
+    def paint(self, image, buffer) -> bool:
+        """Paint `image` into `buffer` (the canvas's [h, w, 4] pixels); False if it cannot (then
+        nothing is painted): a changed layout, or a colour that is not opaque."""
+        if self.cells is None or self._key(image) != self.key:
+            return False
+        colours = image.to_rgba(image.get_array(), bytes=True)  # [ny, nx, 4] uint8
+        if (colours[..., 3] != 255).any():
+            return False  # a see-through cell (a NaN's "bad" colour) would need blending
+        pixels = buffer.view(np.uint32)[..., 0]  # one RGBA pixel per 32-bit word
+        pixels[self.rows, self.cols] = colours.view(np.uint32).ravel()[self.cells]
+        return True
 
 
 def png_rgb(rgb: np.ndarray) -> bytes:
@@ -287,7 +419,7 @@ def png_rgb(rgb: np.ndarray) -> bytes:
 
     header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + chunk(b"IEND", b""))
+            + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b""))
 
 
 def plot_gate_signal(method, **kwargs):
@@ -333,10 +465,11 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim=0.6, ax=None):
 
 
 def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim=None,
-                         fixed=None):
+                         fixed=None, side=None):
     """One panel per value of `param`: the static stand-in for a slider.
 
-    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters.
+    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters;
+    `side` the side information every panel holds fixed (named in the title).
     All panels share axes and one colour scale, so they can be compared by eye.
     """
     import matplotlib.pyplot as plt
@@ -344,7 +477,7 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     if panel not in ("signal", "gate"):
         raise ValueError(f"panel must be 'signal' or 'gate', got {panel!r}")
     methods = [get(name, **{**(fixed or {}), param: v}) for v in values]
-    planes = [plane(m, adv_lim, log_ratio_lim) for m in methods]
+    planes = [plane(m, adv_lim, log_ratio_lim, side=side) for m in methods]
     if panel == "signal":
         grids = [p.signal for p in planes]
         vmax = max(float(np.abs(g).max()) for g in grids) or 1.0
@@ -363,16 +496,18 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     axes[0][0].set_ylabel(rf"$\log {r}$")
     label = f"learning signal f′·${r}$·${A}$" if panel == "signal" else "gate f′, signed by A"
     fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label=label)
-    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies", fontsize=10)
+    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies"
+                 f"{side_caption(methods[0], side)}", fontsize=10)
     return fig
 
 
-def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801):
+def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801, side=None):
     """f and f' against log ρ, one column per sign of A: the gate's cross-sections.
 
     methods: Method objects or registry names, drawn with line styles -, --, -., : in turn (so
     that coinciding curves stay visible). Each method's `bounds()` are drawn as dotted verticals
-    in its colour. Returns the figure.
+    in its colour. side: the side information held fixed for the methods that read it (the
+    others ignore it). Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -388,8 +523,8 @@ def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801
         for i, m in enumerate(methods):
             style = {"color": f"C{i}", "lw": max(2.6 - 0.4 * i, 1.0), "label": m.title,
                      "ls": ("-", "--", "-.", ":")[i % 4]}
-            top.plot(log_ratio, m.weight(ratio, a_t), **style)
-            bottom.plot(log_ratio, m.gate(ratio, a_t), **style)
+            top.plot(log_ratio, m.weight(ratio, a_t, side), **style)
+            bottom.plot(log_ratio, m.gate(ratio, a_t, side), **style)
             for r, side in m.bounds():
                 if side == 0 or side == (1 if a > 0 else -1):
                     for ax in (top, bottom):

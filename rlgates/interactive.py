@@ -9,8 +9,8 @@ from .methods import get
 
 #: Pixels per CSS pixel of the live figure: 1, where the book's static figures have 1.5
 #: (notebook.IMAGE_SCALE). A move then draws and encodes 2.25x fewer pixels (a PNG of about 72
-#: instead of 117 kB) and takes about half the kernel's time (benchmarks/jupyterlab_slider.py);
-#: the image is a little softer on a high-density screen.
+#: instead of 117 kB) and takes about two thirds of the kernel's time
+#: (benchmarks/jupyterlab_slider.py); the image is a little softer on a high-density screen.
 LIVE_SCALE = 1.0
 
 
@@ -30,6 +30,19 @@ def _caption_html(text):
     return f"<span style='font-size:10pt'>{html.escape(text)}</span>"
 
 
+def _slider_class():
+    """ipywidgets' FloatSlider, less the echo: ipywidgets 8 sends every value the browser sets
+    back to it (`echo_update`, for other windows on the same kernel), one message more per move
+    on the path the reader waits on. Here one window shows the sliders."""
+    import ipywidgets as w
+    from traitlets import CFloat
+
+    class FloatSlider(w.FloatSlider):
+        value = CFloat(0.0, help="Float value").tag(sync=True, echo_update=False)
+
+    return FloatSlider
+
+
 def explore(name, **panel_kwargs):
     """ipywidgets sliders for every hyperparameter of `name`, redrawing its gate | signal panels.
 
@@ -37,7 +50,8 @@ def explore(name, **panel_kwargs):
     call with `plot_small_multiples`, which carries the same information. As in the web explorer,
     the log ρ axis widens when a clip bound would leave it (and says so), and narrows back. The
     image is drawn at `LIVE_SCALE` x the figure's dpi and shown at its 100-dpi size; its title
-    (the method and its hyperparameters) is a line of text above it.
+    (the method and its hyperparameters) is a line of text above it. A method with side inputs
+    takes `side=rlgates.SideInfo(...)`, held fixed while the sliders move.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
@@ -47,7 +61,7 @@ def explore(name, **panel_kwargs):
     base_lim = panel_kwargs.pop("log_ratio_lim", None) or default_lim(method)
     lim = axis_lim(method, base_lim)
     # a fixed colour scale (the default's), so that the colour bars stay put while sliders move
-    start = plane(method, adv_lim, lim, panel_kwargs.get("n", 201))
+    start = plane(method, adv_lim, lim, panel_kwargs.get("n", 201), panel_kwargs.get("side"))
     panel_kwargs.setdefault("signal_max", float(np.abs(start.signal).max()) or 1.0)
     panels = GatePanels(method, adv_lim=adv_lim, log_ratio_lim=lim, live=True, **panel_kwargs)
     plt.close(panels.fig)  # shown through the Image widget below, not by the inline backend
@@ -60,8 +74,8 @@ def explore(name, **panel_kwargs):
     sliders = {}
     for key, value in method.hparams.items():
         lo, hi, step = method.slider_range(key)
-        sliders[key] = w.FloatSlider(value=value, min=lo, max=hi, step=step, description=key,
-                                     readout_format=".3g", continuous_update=True)
+        sliders[key] = _slider_class()(value=value, min=lo, max=hi, step=step, description=key,
+                                       readout_format=".3g", continuous_update=True)
     status = w.HTML()
 
     def redraw(_change=None):
@@ -77,10 +91,12 @@ def explore(name, **panel_kwargs):
                 ax.set_ylim(-new_lim, new_lim)
             panels._background = None  # the y ticks change: redraw the static frame once
         panels.update(m)
+        # the image first: each value set here is a message to the browser (none when the value
+        # is unchanged, as the status mostly is), and the image is the one a reader waits for
+        image.value = panels.png(dpi=dpi)
+        title.value = _caption_html(panels.caption)
         status.value = (f"The log ρ axis was widened (to ±{new_lim:.3g}) so that every clip "
                         "bound stays in view." if new_lim > base_lim else "")
-        title.value = _caption_html(panels.caption)
-        image.value = panels.png(dpi=dpi)
 
     for s in sliders.values():
         s.observe(redraw, names="value")

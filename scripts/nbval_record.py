@@ -13,8 +13,10 @@ instead of executing again.
 
 Works under pytest-xdist with `--dist loadfile` (every cell of a notebook runs in one worker, in
 order). A notebook with a failed, skipped or unrun cell is not written: the book would execute it.
-At the end it prints each notebook's time (its cells' setup, call and teardown, kernel start
-included), slowest first: what to look at when the notebooks step is slow.
+Under xdist it also orders the notebooks for the workers, Part III's first (see
+`pytest_collection_modifyitems`). At the end it prints each notebook's time (its cells' setup,
+call and teardown, kernel start included), slowest first: what to look at when the notebooks
+step is slow.
 nbval drops `clear_output` and `update_display_data` messages (it prints "unhandled iopub msg"):
 a chapter that used them would show every intermediate output. None does today.
 """
@@ -89,6 +91,19 @@ def pytest_runtest_protocol(item, nextitem):
     out = Path(root) / rel
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb_file.nb, str(out))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Hand the notebooks to the workers last chapter first: the later chapters run the lab and
+    the trainers and take two to five times as long as Part I's, so started first they leave the
+    short ones to fill both workers at the end (run with --no-loadscope-reorder, which keeps
+    this order; xdist's own orders by cell count). Cells keep their order within a notebook."""
+    if not config.getoption("nbval_record", None):
+        return
+    notebook = {id(item): str(item.nodeid).split("::")[0] for item in items}
+    order = sorted({notebook[id(i)] for i in items}, reverse=True)
+    rank = {path: k for k, path in enumerate(order)}
+    items.sort(key=lambda item: rank[notebook[id(item)]])  # stable: cells stay in order
 
 
 def pytest_runtest_logreport(report):

@@ -122,3 +122,52 @@ def test_live_redraw_matches_a_full_draw():
     diff = np.abs(blitted.astype(int) - full).max(axis=-1)
     assert diff.max() <= 1 and (diff > 0).sum() < 100  # rounding where a dash meets a frame
     panels.close()
+
+
+def test_live_heatmaps_are_painted_as_matplotlib_draws_them():
+    """Live, each heatmap's pixels are painted from its cells (figures._ScreenCells), not drawn
+    by matplotlib: they must be the pixels matplotlib's draw of the image makes, on both panels,
+    with the log ρ axis widened and back. Control: the cells one column or one row over (the
+    neighbouring cells of the data) paint pixels that differ."""
+    import numpy as np
+
+    box = rlgates.explore("dapo")
+    panels, slider = box.panels, box.sliders["eps_high"]
+    canvas = panels.fig.canvas
+    for value in (slider.max, 0.2):  # a bound beyond the axis widens it: a new map of cells
+        slider.value = value
+        for image, screen in zip(panels._images, panels._screens, strict=True):
+            canvas.restore_region(panels._background)
+            panels.fig.draw_artist(image)
+            drawn = np.asarray(canvas.buffer_rgba()).copy()
+            canvas.restore_region(panels._background)
+            assert screen.paint(image, np.asarray(canvas.buffer_rgba()))  # painted, no fallback
+            assert np.array_equal(np.asarray(canvas.buffer_rgba()), drawn)
+            cells, n_rows = screen.cells, image.get_array().shape[1]
+            for shift in (1, n_rows):  # one cell right, one cell up
+                screen.cells = np.minimum(cells + shift, image.get_array().size - 1)
+                canvas.restore_region(panels._background)
+                screen.paint(image, np.asarray(canvas.buffer_rgba()))
+                assert (np.asarray(canvas.buffer_rgba()) != drawn).any(axis=-1).sum() > 500
+            screen.cells = cells
+    panels.close()
+
+
+def test_sliders_do_not_echo_the_browsers_value():
+    """A value set by the browser is not sent back (ipywidgets 8's echo_update: a message per
+    move); a value set in the kernel still reaches the browser. Control: ipywidgets' own
+    FloatSlider echoes."""
+    import ipywidgets as w
+
+    box = rlgates.explore("sapo")
+    ours, theirs = box.sliders["tau_pos"], w.FloatSlider(value=1.0)
+    sent = {id(ours): [], id(theirs): []}
+    for slider in (ours, theirs):
+        slider._send = lambda msg, buffers=None, s=slider: sent[id(s)].append(msg["method"])
+        slider.set_state({"value": 0.5})  # as a browser's move arrives
+        assert slider.value == 0.5
+    assert sent[id(theirs)] == ["echo_update"] and sent[id(ours)] == []
+    assert box.panels.method.hparams["tau_pos"] == 0.5  # the move redrew the figure
+    ours.value = 0.7  # set in the kernel: sent
+    assert sent[id(ours)] == ["update"]
+    box.panels.close()

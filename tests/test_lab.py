@@ -369,6 +369,83 @@ def test_a_single_run_hook_and_the_unweighted_proximal_anchor():
     assert all(math.isfinite(v) for v in res.metrics["loss"])
 
 
+def _diff_with_p(p, sign=1.0):
+    """A paired difference over two seeds (df = 1, Cauchy) whose two-sided p-value is `p`."""
+    se = 1 / math.sqrt(2)  # std 1, n = 2
+    mean = sign * math.tan(math.pi / 2 * (1 - p)) * se
+    half = lab.report.t975(1) * se
+    return {"mean": mean, "std": 1.0, "n": 2, "lo": mean - half, "hi": mean + half}
+
+
+def test_t_pvalue_is_student_t():
+    t_pvalue = lab.report.t_pvalue
+    # the table of 95 % quantiles: p = 0.05 at t_{0.975, df} (the table has three decimals)
+    for df in range(1, 31):
+        assert t_pvalue(lab.report.t975(df), df) == pytest.approx(0.05, abs=1e-4)
+    # df = 1 is Cauchy, df = 2 has a closed form, a large df is the normal
+    assert t_pvalue(1.0, 1) == pytest.approx(0.5, abs=1e-15)
+    assert t_pvalue(3.0, 2) == pytest.approx(1 - 3 / math.sqrt(2 + 9), abs=1e-15)
+    assert t_pvalue(1.959964, 4000) == pytest.approx(0.05, abs=2e-4)
+    # against the density integrated numerically, for odd and even df
+    for df in (3, 4, 9, 10):
+        x = torch.linspace(0, 2.5, 20_001, dtype=torch.float64)
+        logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+        dens = torch.exp(logc - (df + 1) / 2 * torch.log1p(x**2 / df))
+        inside = 2 * float(torch.trapezoid(dens, x))
+        assert t_pvalue(2.5, df) == pytest.approx(1 - inside, abs=1e-8)
+        assert t_pvalue(-2.5, df) == t_pvalue(2.5, df)  # two-sided
+    assert t_pvalue(0.0, 5) == 1.0 and t_pvalue(math.inf, 5) == 0.0
+
+
+def test_family_verdicts_holm_and_marginal():
+    # Holm on four p-values (hand-worked): sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1,
+    # kept increasing: 0.02, 0.03, 0.06, 0.06. Two stay significant at 0.05, two do not.
+    raw = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}
+    diffs = {k: _diff_with_p(p, sign=-1.0 if k == "d" else 1.0) for k, p in raw.items()}
+    fam = lab.family_verdicts(diffs)
+    for k, p in raw.items():
+        assert fam[k]["p"] == pytest.approx(p, rel=1e-9)
+    holm = {k: fam[k]["p_holm"] for k in raw}
+    assert holm == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02}, rel=1e-9)
+    assert {k: fam[k]["raw"] for k in raw} == {"a": "higher", "b": "higher", "c": "higher",
+                                               "d": "lower"}
+    assert {k: fam[k]["holm"] for k in raw} == {
+        "a": "higher", "b": "no difference detected", "c": "no difference detected",
+        "d": "lower"}
+    # negative controls: a family of one is not adjusted; a null family stays null
+    one = lab.family_verdicts({"b": diffs["b"]})["b"]
+    assert one["p_holm"] == one["p"] and one["holm"] == one["raw"] == "higher"
+    null = {k: _diff_with_p(0.5) for k in "xyz"}
+    assert all(v["raw"] == v["holm"] == "no difference detected"
+               for v in lab.family_verdicts(null).values())
+    # marginal: an end of the interval within 0.005 of zero, on either side of it
+    def iv(lo, hi):
+        return {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "std": (hi - lo), "n": 10}
+    ends = {"close below": iv(-0.098, -0.001), "far below": iv(-0.098, -0.02),
+            "close above": iv(0.004, 0.09), "straddles, near": iv(-0.09, 0.003),
+            "straddles, far": iv(-0.09, 0.05)}
+    flags = {k: v["marginal"] for k, v in lab.family_verdicts(ends).items()}
+    assert flags == {"close below": True, "far below": False, "close above": True,
+                     "straddles, near": True, "straddles, far": False}
+    table = lab.family_table(ends)
+    assert "lower (marginal)" in table and "| far below |" in table and "Holm" in table
+    assert lab.marked_verdict(ends["close below"]) == "lower (marginal)"
+    assert lab.marked_verdict(ends["far below"]) == "lower"
+
+
+def test_interval_verdict_agrees_with_the_t_test():
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for _ in range(400):
+        v = 0.02 * torch.randn(10, generator=g, dtype=torch.float64) + 0.01
+        d = lab.interval(v)
+        f = lab.family_verdicts({"x": d})["x"]
+        if abs(f["p"] - 0.05) > 1e-3:  # the quantile table has three decimals
+            checked += 1
+            assert (f["raw"] != "no difference detected") == (f["p"] < 0.05)
+    assert checked > 350
+
+
 def _fake(curves_by_label):
     """{label: [LabResult]} whose reward curves are the given [seeds, steps] rows."""
     return {label: [lab.LabResult(label, s, 0, "token-mean", TINY, {"reward": row.tolist()})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rlgates
-from tests.conftest import make_batch
+from tests.conftest import held, make_batch
 
 F64 = torch.float64
 
@@ -20,7 +20,7 @@ NORM = "seq-mean-token-sum-norm"
 def test_registered_with_the_same_contract(name):
     assert name in rlgates.names()
     m = rlgates.get(name)
-    assert m.level in ("token", "sequence") and m.title and m.paper and m.f_latex and m.gate_latex and m.insight
+    assert m.level in ("token", "sequence", "sequence-product") and m.title and m.paper and m.f_latex and m.gate_latex and m.insight
     assert repr(m).startswith(f"rlgates.get('{name}'")
     table = rlgates.table((name,), merge_grpo=False)
     assert m.title in table
@@ -36,7 +36,7 @@ def test_defaults():
     ("dual_clip", {"c": 1.0}), ("dual_clip", {"c": 0.5}), ("dual_clip", {"c": float("nan")}),
     ("dual_clip", {"c": "three"}), ("dual_clip", {"eps": -0.1}), ("dual_clip", {"eps": 1.0}),
     ("dual_clip", {"eps_low": 0.2}),
-    ("cispo", {"eps_low": -0.1}), ("cispo", {"eps_low": 1.5}), ("cispo", {"eps_high": -1.0}),
+    ("cispo", {"eps_low": -0.1}), ("cispo", {"eps_low": "wide"}), ("cispo", {"eps_high": -1.0}),
     ("cispo", {"eps_high": float("inf")}), ("cispo", {"eps": 0.2}),
     ("reinforce", {"eps": 0.2}),
 ])
@@ -190,7 +190,7 @@ def test_reinforce_on_policy_is_the_plain_policy_gradient(agg):
 
 
 def test_gate_broadcasts(name):
-    m = rlgates.get(name)
+    m = held(name)
     ratio = torch.linspace(0.1, 6, 7, dtype=F64)[:, None]
     adv = torch.tensor([[-1.0, 0.5, 1.0]], dtype=F64)
     for fn in (m.gate, m.weight, m.signal, m.objective):
@@ -198,7 +198,7 @@ def test_gate_broadcasts(name):
 
 
 def test_low_precision_keeps_the_gate_decisions(name):
-    m = rlgates.get(name)
+    m = held(name)
     ratio = torch.tensor([0.5, 0.9, 1.1, 2.0, 4.0, 7.0])
     adv = torch.tensor([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0])
     ref = m.gate(ratio.double(), adv.double())
@@ -214,7 +214,7 @@ def test_planes_and_figures(name):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = rlgates.plane(name, n=21)
+    p = rlgates.plane(held(name), n=21)
     assert p.gate.shape == (21, 21) and p.signal.shape == (21, 21)
-    plt.close(rlgates.plot_gate_signal(name))
+    plt.close(rlgates.plot_gate_signal(held(name)))
 

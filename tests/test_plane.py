@@ -9,15 +9,35 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import rlgates  # noqa: E402
-from tests.conftest import METHODS  # noqa: E402
+from tests.conftest import METHODS, held  # noqa: E402
 
 
 def test_plane_grid_matches_the_elementwise_functions(name):
-    p = rlgates.plane(name, adv_lim=2.0, log_ratio_lim=0.5, n=41)
+    p = rlgates.plane(held(name), adv_lim=2.0, log_ratio_lim=0.5, n=41)
     assert p.gate.shape == p.signal.shape == (41, 41)
     assert p.adv[0] == -2.0 and p.log_ratio[-1] == 0.5
     ratio = np.exp(p.log_ratio)[:, None]
     assert np.allclose(p.signal, p.gate * ratio * p.adv[None, :], rtol=1e-15, atol=0)
+
+
+def test_plane_is_computed_on_one_torch_thread(monkeypatch):
+    """A plane is small: its gate is computed on one torch thread (on a busy machine a second
+    one waits for a core), and torch's thread count is restored afterwards."""
+    method = rlgates.get("sapo")
+    seen, gate = [], type(method)._gate
+
+    def counting_gate(self, ratio, adv):
+        seen.append(torch.get_num_threads())
+        return gate(self, ratio, adv)
+
+    monkeypatch.setattr(type(method), "_gate", counting_gate)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # more than one, so that the check can fail
+    try:
+        rlgates.plane(method, n=21)
+        assert seen == [1, 1] and torch.get_num_threads() == 2  # gate and signal
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_ppo_plane_has_its_four_regions():
@@ -35,10 +55,10 @@ def _dashed_levels(ax):
 
 
 def test_gate_signal_figure_is_labelled_and_draws_the_bounds(name):
-    fig = rlgates.plot_gate_signal(name)
+    fig = rlgates.plot_gate_signal(held(name))
     left, right = fig.axes[:2]
-    m = rlgates.get(name)
-    A, r = ("A_s", r"\rho_s") if name == "gspo" else ("A_t", r"\rho_t")
+    m = held(name)
+    A, r = ("A_t", r"\rho_t") if m.level == "token" else ("A_s", r"\rho_s")
     assert A in left.get_xlabel() and r in left.get_ylabel() and A in right.get_xlabel()
     assert left.get_shared_y_axes().joined(left, right)
     bars = [ax for ax in fig.axes[2:]]
@@ -46,8 +66,11 @@ def test_gate_signal_figure_is_labelled_and_draws_the_bounds(name):
     if m.bounds():
         expected = sorted({round(float(np.log(b)), 12) for b, _ in m.bounds()})
         assert _dashed_levels(left) == expected and _dashed_levels(right) == expected
-    elif np.ptp(rlgates.plane(m).gate) > 0:  # SAPO: the gate's half-height contour stands in
-        for ax in (left, right):
+    else:  # SAPO: the gate's half-height contour stands in, where the gate crosses 1/2
+        gate = rlgates.plane(m).gate
+        crosses = bool(gate.min() < 0.5 < gate.max())
+        assert crosses or name != "sapo"
+        for ax in (left, right) if crosses else ():
             _assert_half_gate_edges(ax, m)
     plt.close(fig)
 
@@ -59,9 +82,20 @@ def _assert_half_gate_edges(ax, method):
     xy = np.concatenate(edges.get_segments())
     assert (xy[:, 0] < 0).any() and (xy[:, 0] > 0).any() and (xy[:, 0] != 0).all()
     gate = method.gate(torch.from_numpy(np.exp(xy[:, 1])), torch.from_numpy(xy[:, 0])).numpy()
-    assert np.abs(gate - 0.5).max() < 1e-3  # linear interpolation on the 201-point grid
+    assert np.abs(gate - 0.5).max() < 1e-3 or _brackets_half(method, xy)
     lim = np.abs(xy[:, 1]).max()  # negative control: the grid is not 1/2 everywhere nearby
     assert not np.allclose(rlgates.plane(method, log_ratio_lim=lim).gate, 0.5, atol=0.02)
+
+
+def _brackets_half(method, xy, n=201):
+    """Each vertex's grid cell holds a gate value on each side of 1/2: the linear interpolation
+    is right where the gate is too steep for a fixed tolerance (DRO's, near A = 0)."""
+    lim = rlgates.figures.default_lim(method)
+    da, dr = 2.0 / (n - 1), 2 * lim / (n - 1)
+    corners = [(sa * da, sr * dr) for sa in (-1, 1) for sr in (-1, 1)]
+    g = np.stack([method.gate(torch.from_numpy(np.exp(xy[:, 1] + r)),
+                              torch.from_numpy(xy[:, 0] + a)).numpy() for a, r in corners])
+    return bool(((g.min(0) <= 0.5) & (g.max(0) >= 0.5)).all())
 
 
 def test_half_gate_lines_are_matplotlibs_contour():
@@ -93,6 +127,31 @@ def test_live_panels_move_their_edges_in_place():
     assert panels.caption.startswith("SAPO") and "tau_pos=0.3" in panels.caption
     assert not panels.fig._suptitle or not panels.fig._suptitle.get_text()  # shown as text
     panels.close()
+
+
+def test_live_panels_move_hard_edges_in_place():
+    """Live, a hard gate's edge lines are the same artists, moved to the new bounds on their
+    side of A = 0 (never stacked); a static figure draws its edges anew."""
+    panels = rlgates.GatePanels("dapo", live=True)
+    lines = list(panels._moving)
+    for eps_high in (0.4, 0.1):
+        m = rlgates.get("dapo", eps_high=eps_high)
+        panels.update(m)
+        assert all(a is b for a, b in zip(panels._moving, lines, strict=True))
+        want = sorted((float(np.log(r)), (0.0, 1.0) if side > 0 else (-1.0, 0.0))
+                      for r, side in m.bounds())
+        for ax in panels.axes:
+            drawn = sorted((float(line.get_ydata()[0]), tuple(line.get_xdata()))
+                           for line in ax.lines if line.get_linestyle() == "--")
+            assert drawn == want
+    panels.close()
+    static = rlgates.GatePanels("dapo")
+    lines = list(static._moving)
+    static.update(rlgates.get("dapo", eps_high=0.4))
+    assert not any(a is b for a, b in zip(static._moving, lines, strict=True))
+    assert _dashed_levels(static.axes[0]) == sorted(
+        round(float(np.log(r)), 12) for r in (0.8, 1.4))
+    static.close()
 
 
 def test_colours_encourage_red_discourage_blue():

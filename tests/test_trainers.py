@@ -169,9 +169,12 @@ def _case(name, tok, adv, seq):
         return None, rlgates.get("sapo", tau_pos=tau, tau_neg=1.05 * tau)
     if name == "cispo":
         return None, rlgates.get("cispo", eps_low=1.0, eps_high=_between(tok[tok > 1] - 1, 0.5))
-    if name == "gspo":
+    if name in ("gspo", "luspo"):
         e = _between((seq - 1).abs(), 0.5)
-        return None, rlgates.get("gspo", eps_low=e, eps_high=e)
+        return None, rlgates.get(name, eps_low=e, eps_high=e)
+    if name == "vespo":  # a narrower bump (peak at w = 1): stale responses weigh less
+        return None, rlgates.get("vespo", k_pos=10.0, lambda_pos=10.0, k_neg=10.0,
+                                 lambda_neg=10.0)
     if name == "dual_clip":
         e = _between(d, 0.1)
         neg = tok[(adv < 0) & (tok > 1 + e)]  # A < 0 tokens the update has pushed up
@@ -186,6 +189,8 @@ def _assert_contrast(m, tok, adv, seq):
                         [m.gate(s, torch.tensor(-1.0, dtype=s.dtype)) for s in seq])
     else:
         g = m.gate(tok, adv)
+    if m.level == "sequence-product":  # its ratio is the product: see TRL's logged φ instead
+        return
     if m.name == "dual_clip":  # some A < 0 tokens past c: shut here, open under PPO
         assert ((adv < 0) & (tok > m.hparams["c"])).any()
     if m.name == "sapo":
@@ -196,7 +201,8 @@ def _assert_contrast(m, tok, adv, seq):
         assert (g == 0).any() and (g == 1).any()
 
 
-TRL_CASES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "gspo", "dual_clip"]
+TRL_CASES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "gspo", "dual_clip", "luspo",
+             "vespo"]
 
 
 @pytest.mark.parametrize("case", TRL_CASES)
@@ -220,6 +226,10 @@ def test_trl_loss_equals_adapter(run, case):
     assert v_ours == pytest.approx(v_ref, rel=1e-6)
     assert rel_dist(g_ours, g_ref) < 1e-6
     assert max(float(g.abs().max()) for g in g_ref) > 1e-6
+    if m.name == "vespo":  # φ(w) acts on the real product ratios: TRL's own mean of it
+        phi = ref._metrics["train"]["vespo/phi_seq_mean"]
+        assert phi and all(0.05 < p < 0.95 for p in phi), phi
+        assert ours._metrics["train"]["vespo/phi_seq_mean"] == pytest.approx(phi, rel=1e-6)
 
 
 def test_aggregations_differ_on_these_lengths(run):
@@ -353,6 +363,7 @@ VERL_CASES = {
     "gspo": rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4),
     "sapo": rlgates.get("sapo"),
     "cispo": rlgates.get("cispo", eps_low=0.2, eps_high=0.28),
+    "luspo": rlgates.get("luspo"),  # verl's gspo under seq-mean-token-sum
 }
 
 
@@ -621,6 +632,70 @@ def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
     ours.backward()
     assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
     torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+
+
+def test_flags_reach_every_trl_loss_type(probe_model):
+    """`flags(m, agg=..., normaliser=...)` reaches each loss type the installed TRL documents
+    (bnpo and dr_grpo are aggregations of TRL's clip); each clip-family setting is TRL's own loss
+    of the method at that aggregation, value and gradient; a loss that fixes its aggregation
+    refuses another."""
+    from rlgates.trainers import conformance_trl
+
+    reached = {}
+    for name in rlgates.names():
+        m = rlgates.get(name)
+        for agg in rlgates.AGG_MODES:
+            for scope in rt.NORMALISERS:
+                f = rt.flags(m, agg=agg, normaliser=scope)["trl"]
+                if f:
+                    reached.setdefault(f["loss_type"], (name, agg))
+    assert set(reached) == set(conformance_trl.loss_types())
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo", eps_low=0.2, eps_high=0.3)
+    step_tokens = 2 * int(mask.sum())  # as if the step held a second micro-batch like this one
+    values = {}
+    for (agg, scope), loss_type in rt.TRL_LOSS_TYPE_FOR_AGG.items():
+        f = rt.flags(m, agg=agg, normaliser=scope)["trl"]
+        assert f["loss_type"] == loss_type and conformance_trl.TRL_AGG[loss_type] == agg
+        t = make_trainer(GRPOTrainer, probe_model, config(gradient_accumulation_steps=1,
+                                                          steps_per_generation=1, **f))
+        leaf = logp.clone().requires_grad_(True)
+        v = rtrl.builtin_loss(t, leaf, old, adv, mask, num_items_in_batch=step_tokens)
+        v.backward()
+        ref = leaf.grad
+        leaf = logp.clone().requires_grad_(True)
+        ours = rtrl.trl_loss(m, leaf, old, adv, mask, loss_type, max_completion_length=MAX_LEN,
+                             num_items_in_batch=step_tokens)
+        ours.backward()
+        assert float(ours.detach()) == pytest.approx(float(v.detach()), rel=1e-12), loss_type
+        torch.testing.assert_close(leaf.grad, ref, rtol=1e-12, atol=1e-14)
+        values[loss_type] = float(v.detach())
+    assert len(set(values.values())) == 5  # five aggregations, five losses on this batch
+    assert values["bnpo"] == pytest.approx(2 * values["dapo"], rel=1e-12)  # its own count
+    assert rt.flags(rlgates.get("sapo"), agg="token-mean")["trl"] is None
+    assert rt.flags(rlgates.get("cispo"), agg="token-mean", normaliser="micro-batch")["trl"] is None
+    for name in rlgates.names():  # a method's own aggregation changes nothing
+        m = rlgates.get(name)
+        assert rt.flags(m, agg=m.agg) == rt.flags(m), name
+
+
+def test_trl_flags_of_dapo_dual_clip(probe_model):
+    """TRL's dapo loss with delta = c is dual-clip on DAPO's window (c > 1 + ε_h): the A < 0
+    token at ρ = 4 is capped at c = 3; DAPO's flags alone do not cap it."""
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo_dual_clip", eps_low=0.2, eps_high=0.3)
+    v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    leaf = logp.clone().requires_grad_(True)
+    ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
+    ours.backward()
+    assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
+    torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+    v_dapo, _ = trl_grad(probe_model, logp, old, adv, mask,
+                         **rt.flags(rlgates.get("dapo", eps_low=0.2, eps_high=0.3))["trl"])
+    assert abs(v - v_dapo) > 1e-3
+    assert rt.flags(rlgates.get("dapo_dual_clip", c=1.25))["trl"] is None  # δ would cap A > 0
 
 
 def test_trl_conventions_that_differ(probe_model):

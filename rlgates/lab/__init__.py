@@ -37,8 +37,11 @@ from .report import (
     area,
     budget_table,
     curves,
+    family_table,
+    family_verdicts,
     format_interval,
     interval,
+    marked_verdict,
     method_color,
     paired,
     paired_difference,
@@ -54,8 +57,8 @@ from .task import PatternTask
 
 __all__ = [
     "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area", "budget_table",
-    "curves", "default_agg",
-    "format_interval", "interval", "method_color", "method_name", "metric_doc",
+    "curves", "default_agg", "family_table", "family_verdicts",
+    "format_interval", "interval", "marked_verdict", "method_color", "method_name", "metric_doc",
     "paired", "paired_difference", "paired_table", "plateau", "plot_runs", "plot_shut_by_sign",
     "resolve", "rollout", "run_many", "slope", "summary",
     "summary_table", "summed_loss", "train", "upto", "verdict", "loop", "report", "task",

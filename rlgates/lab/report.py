@@ -2,6 +2,8 @@
 
 All intervals are Student-t intervals over seeds (runs are independent; the seeds are common to
 every method, so a difference between two methods is taken seed by seed: a paired difference).
+A chapter that makes several comparisons reads them as one family (`family_verdicts`): each
+verdict beside its Holm-adjusted one, and a flag on intervals that end close to zero.
 
 A run's last-5 mean, read after a fixed number of steps on a curve that still rises, measures
 learning speed at that budget. `area` (the mean over all steps) measures speed directly; `slope`
@@ -87,6 +89,82 @@ def verdict(diff: dict, higher="higher", lower="lower", same="no difference dete
     if diff["hi"] < null:
         return lower
     return same
+
+
+def t_pvalue(t: float, df: int) -> float:
+    """Two-sided p-value P(|T| ≥ |t|) of Student's t with an integer df ≥ 1, exact: the finite
+    series of Abramowitz and Stegun 26.7.3 (odd df) and 26.7.4 (even df)."""
+    if df < 1 or math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, term = math.cos(theta) ** 2, 1.0
+    if df % 2:  # 2/π (θ + sin θ cos θ (1 + 2/3 cos²θ + 2·4/(3·5) cos⁴θ + …))
+        series = 0.0
+        if df > 1:
+            series = term = math.cos(theta)
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                series += term
+        inside = 2 / math.pi * (theta + math.sin(theta) * series)
+    else:  # sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + …)
+        series = term
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            series += term
+        inside = math.sin(theta) * series
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def family_verdicts(diffs: dict, margin=0.005, null=0.0, alpha=0.05) -> dict:
+    """Read several comparisons as one family: {label: {"raw", "p", "p_holm", "holm", "marginal"}}.
+
+    diffs: {label: interval(...)}, each a paired difference (mean, std and n over seeds). "raw" is
+    `verdict`'s word for the 95 % interval; "p" its two-sided t-test p-value; "p_holm" the
+    Holm-adjusted p-value over the family (Holm 1979: sort the m p-values, multiply the i-th
+    smallest by m − i + 1, keep them increasing); "holm" is the raw word if p_holm < alpha, else
+    "no difference detected". "marginal": an end of the interval lies within `margin` of `null`,
+    so a small shift would change the raw word. A family of one is its own Holm correction."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    p = {}
+    for label, d in diffs.items():
+        se = d["std"] / math.sqrt(d["n"]) if d["n"] > 1 else math.nan
+        gap = d["mean"] - null
+        t = gap / se if se > 0 else (math.inf if gap else 0.0)
+        p[label] = t_pvalue(t, d["n"] - 1) if gap or se > 0 else 1.0
+    order, m, running, holm = sorted(p, key=p.get), len(p), 0.0, {}
+    for i, label in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[label]))
+        holm[label] = running
+    out = {}
+    for label, d in diffs.items():
+        raw = verdict(d, null=null)
+        out[label] = {"raw": raw, "p": p[label], "p_holm": holm[label],
+                      "holm": raw if holm[label] < alpha else "no difference detected",
+                      "marginal": min(abs(d["lo"] - null), abs(d["hi"] - null)) < margin}
+    return out
+
+
+def marked_verdict(diff: dict, margin=0.005) -> str:
+    """`verdict`'s word for one comparison, followed by " (marginal)" when `family_verdicts`
+    flags its interval (a family of one, so no Holm adjustment)."""
+    one = family_verdicts({"": diff}, margin)[""]
+    return one["raw"] + (" (marginal)" if one["marginal"] else "")
+
+
+def family_table(diffs: dict, fmt="+.3f", margin=0.005) -> str:
+    """A Markdown table of `family_verdicts`: per comparison, mean [95 % interval], the raw
+    verdict (marked when marginal), the p-value, and the Holm-adjusted p-value and verdict."""
+    fam = family_verdicts(diffs, margin)
+    rows = [[label, format_interval(d, fmt), marked_verdict(d, margin),
+             f"{fam[label]['p']:.3f}", f"{fam[label]['p_holm']:.3f}", fam[label]["holm"]]
+            for label, d in diffs.items()]
+    return (markdown(rows, ["comparison", "mean [95 % interval]", "verdict", "p",
+                            "Holm p", "verdict after Holm"])
+            + f"\n\nHolm's correction over these {len(diffs)} comparisons; marginal: an end "
+            f"of the interval within {margin:g} of zero.")
 
 
 def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_ratio_absmax"),
@@ -198,6 +276,7 @@ def method_color(label, fallback="C0"):
     return getattr(cls, "color", None) or fallback
 
 
-__all__ = ["area", "budget_table", "curves", "finals", "format_interval", "interval",
-           "method_color", "paired", "paired_difference", "paired_table", "plateau", "slope",
-           "summary", "summary_table", "t975", "upto", "verdict"]
+__all__ = ["area", "budget_table", "curves", "family_table", "family_verdicts", "finals",
+           "format_interval", "interval", "marked_verdict", "method_color", "paired",
+           "paired_difference", "paired_table", "plateau", "slope", "summary", "summary_table",
+           "t975", "t_pvalue", "upto", "verdict"]

@@ -30,8 +30,8 @@ class CISPO(Method):
     Defaults: MiniMax-M1 sets no lower bound in practice (ε_l large) and tunes only ε_h; we found
     no value of ε_h printed in the report. We take ε_l = 1 (lower bound 0: no lower clip, since
     ρ > 0) and ε_h = 4 (upper bound 5), the default of public trainers that cite the ScaleRL
-    recipe (Khatri et al. 2025, arXiv:2510.13786). ε_l must lie in [0, 1] (use 1 for "no lower
-    bound"); ε_h ≥ 0.
+    recipe (Khatri et al. 2025, arXiv:2510.13786). ε_l ≥ 0 and ε_h ≥ 0; any ε_l ≥ 1 means no
+    lower bound (1 − ε_l ≤ 0 < ρ), as verl computes it with clip_ratio_low above 1.
     """
 
     name, title, date, order = "cispo", "CISPO", "June 2025", 8
@@ -42,7 +42,7 @@ class CISPO(Method):
         "verl": {"loss_mode": "cispo", "clip_ratio_low": "eps_low", "clip_ratio_high": "eps_high",
                  "loss_agg_mode": "token-mean"},
         # TRL caps the ratio at epsilon_high itself and has no lower clip
-        "trl": lambda h: None if h["eps_low"] != 1 else {
+        "trl": lambda h: None if h["eps_low"] < 1 else {
             "loss_type": "cispo", "epsilon_high": 1 + h["eps_high"],
             "importance_sampling_level": "token"},
     }
@@ -50,7 +50,7 @@ class CISPO(Method):
     log_ratio_lim = 2.0
     slider_ranges = {"eps_low": (0.0, 1.0, 0.01), "eps_high": (0.0, 10.0, 0.05)}
     explorer = {
-        # ε_l = 1 means no lower bound: none is drawn
+        # ε_l ≥ 1 means no lower bound: none is drawn
         "gate": "Math.min(Math.max(r, 1 - p.eps_low), 1 + p.eps_high) / r",
         "bounds": ("1 - p.eps_low > 0 ? [[1 + p.eps_high, 0], [1 - p.eps_low, 0]]"
                    " : [[1 + p.eps_high, 0]]"),
@@ -67,10 +67,7 @@ class CISPO(Method):
 
     def _validate(self):
         h = self.hparams
-        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0)
-        if h["eps_low"] > 1:
-            raise ValueError(f"cispo: eps_low must be ≤ 1 (1 means no lower bound), "
-                             f"got {h['eps_low']!r}")
+        h["eps_low"] = _hparam(self.name, "eps_low", h["eps_low"], low=0)  # ≥ 1: no lower bound
         h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
         self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
 

@@ -38,19 +38,20 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import _numerics as nx
-from . import _detached_inputs, flags, gate_stats, loss
+from .._side import SideInfo
+from ..methods.vespo import LOG_W_MAX, LOG_W_MIN
+from . import _detached_inputs, conformance_trl, flags, gate_stats, loss
 
-#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`). These are
-#: the types tests/test_trainers.py compares with TRL's own loss; luspo and vespo are not mapped.
-TRL_AGG = {
-    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm", "dapo": "token-mean", "cispo": "token-mean",
-}
+#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`), for every
+#: TRL 1.16 loss type; written once, beside TRL's conformance rows (conformance_trl).
+TRL_AGG = conformance_trl.TRL_AGG
 
 
 def _level_mismatch(t):
     level = getattr(t.method, "level", "token")
-    return t.args.importance_sampling_level != level and (
+    # a sequence-product method (vespo) reads token ratios and multiplies them itself
+    trl_level = "sequence" if level == "sequence" else "token"
+    return t.args.importance_sampling_level != trl_level and (
         f"{t.args.importance_sampling_level!r} while {t.method.name} works at the {level} level")
 
 
@@ -78,34 +79,37 @@ REFUSED = (
 
 
 def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_length=None,
-             num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1):
+             num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1,
+             side=None):
     """The rlgates method's loss, normalised as TRL 1.16 normalises `loss_type`.
 
-    grpo, sapo: the mean over *every* row of the micro-batch, fully masked rows included
-        (rlgates' own mean skips them), divided by the gradient-accumulation steps;
+    grpo, sapo, luspo: the mean over *every* row of the micro-batch, fully masked rows
+        included (rlgates' own mean skips them), divided by the gradient-accumulation steps;
     bnpo: this micro-batch's token-mean, divided by the accumulation steps;
     dr_grpo: Σ over tokens / (rows × max_completion_length), divided by the accumulation steps;
-    dapo, cispo: Σ over tokens / (num_items_in_batch / num_processes × grad_accum /
+    dapo, cispo, vespo: Σ over tokens / (num_items_in_batch / num_processes × grad_accum /
         steps_per_generation): the generation batch's global token count, scaled to one step.
+    side: the SideInfo of a method with side inputs (`side_info`).
     """
     if loss_type not in TRL_AGG:
         raise ValueError(f"loss_type {loss_type!r} has no rlgates mapping; use one of "
                          f"{sorted(TRL_AGG)}")
     agg = TRL_AGG[loss_type]
-    if loss_type in ("dapo", "cispo"):
+    if loss_type in ("dapo", "cispo", "vespo"):
         n = num_items_in_batch
         if n is None:
             n = nx.check_mask(mask, logp.shape, logp.device).sum()
         norm = (torch.as_tensor(n).clamp(min=1.0) / num_processes
                 * grad_accum / steps_per_generation)
-        return loss(method, logp, logp_old, adv, mask, agg, norm=norm)
+        return loss(method, logp, logp_old, adv, mask, agg, norm=norm, side=side)
     norm = None if loss_type == "bnpo" else logp.shape[0]
     length = None
     if loss_type == "dr_grpo":
         if max_completion_length is None:
             raise ValueError("dr_grpo needs max_completion_length (TRL's constant normaliser)")
         length = max_completion_length
-    return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length) / grad_accum
+    return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length,
+                side=side) / grad_accum
 
 
 class _Processes:
@@ -157,18 +161,43 @@ def _sapo(r, a, m, f, procs):  # TRL's sapo logs no clip metric
     return {}
 
 
+def _vespo(r, a, m, f, procs):  # vespo/phi_seq_mean: φ(w) of each row, every row counted
+    log_w = (r.log() * m).sum(-1, keepdim=True).clamp(LOG_W_MIN, LOG_W_MAX)
+    pos = a >= 0
+    k = torch.where(pos, f["vespo_k_pos"], f["vespo_k_neg"])
+    lam = torch.where(pos, f["vespo_lambda_pos"], f["vespo_lambda_neg"]).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(0.0, 0.0, 0.0)
+    return {"vespo/phi_seq_mean": _global_mean(phi, m, procs)}
+
+
 #: TRL loss_type -> (ρ as TRL's coef_1: [B, T], or [B, 1] at sequence level; A [B, 1]; mask;
 #: the method's TRL flags; the reductions) -> the clip metrics that loss_type logs (TRL 1.16.0,
 #: GRPOTrainer._compute_loss, "# Log the metrics").
-TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip,
-               "cispo": _cispo, "sapo": _sapo}
+TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip, "luspo": _clip,
+               "cispo": _cispo, "sapo": _sapo, "vespo": _vespo}
 
 
-def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -> dict:
+def side_info(method, entropy=None, sampler_logp=None):
+    """The SideInfo TRL's loss step can give a method with side inputs (None for one without):
+    the per-token entropies it computes, when vLLM sampled the completions the engine's
+    log-probs (`sampling_per_token_logps`), and a random `draw` per token (torch's global
+    generator) for a loss that picks tokens at random. The loss derives the rest from the
+    batch."""
+    if not getattr(method, "side_inputs", ()):
+        return None
+    draw = None if entropy is None else torch.rand(entropy.shape, device=entropy.device)
+    if sampler_logp is not None:  # an engine's rounding may leave a log-prob a hair above 0
+        sampler_logp = sampler_logp.detach().clamp(max=0)
+    fields = {"entropy": entropy, "sampler_logp": sampler_logp, "draw": draw}
+    return SideInfo(**{k: v.detach() for k, v in fields.items() if v is not None})
+
+
+def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None,
+            side=None) -> dict:
     """The adapter's metrics for one micro-batch, reduced over `accelerator`'s processes as TRL
     reduces them: TRL's clip metrics where `method` has a TRL built-in (at the method's own
     settings), TRL's `entropy` when the per-token entropies are given, rlgates' gate statistics
-    always."""
+    always (a side-input method's at `side`)."""
     procs = _Processes(accelerator)
     out = {}
     f = flags(method)["trl"]
@@ -184,20 +213,24 @@ def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -
             out.update(TRL_METRICS[f["loss_type"]](nx.ratio_from_log(lr), a, m, f, procs))
         if entropy is not None:
             out["entropy"] = _global_mean(entropy.detach(), m, procs)
-        for k, v in gate_stats(method, logp, logp_old, adv, mask).items():
+        for k, v in gate_stats(method, logp, logp_old, adv, mask, side).items():
             v = procs.gather(torch.tensor([v], device=logp.device)).mean().item()
             out[f"rlgates/{k}"] = v
     return out
 
 
-def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, entropy=None):
+def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, entropy=None,
+                 extra_inputs=None):
     """TRL's own policy loss (`GRPOTrainer._compute_loss`, with `trainer`'s settings) at the given
     log-probs, instead of the model's: a scalar differentiable in `logp`, so that TRL's gradient
     with respect to each token's log-prob can be read and compared (the book's chapter 14).
 
     logp, logp_old, mask: [B, T]; adv: [B]. num_items_in_batch: TRL's global token count (dapo,
-    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs (zeros
-    if None). TRL's metrics for the batch are appended to `trainer._metrics`.
+    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs and
+    its entropy mask reads (zeros if None). extra_inputs: more of TRL's `inputs`, e.g.
+    `sampling_per_token_logps` (the off-policy mask's sampler) or `importance_sampling_ratio`
+    (vLLM's correction, which vespo folds into its weight). TRL's metrics for the batch are
+    appended to `trainer._metrics`.
     """
     B, T = logp.shape
     mask = mask.long()
@@ -208,6 +241,7 @@ def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, en
         "advantages": adv, "old_per_token_logps": logp_old,
         "num_items_in_batch": mask.sum() if num_items_in_batch is None
         else torch.as_tensor(num_items_in_batch),
+        **(extra_inputs or {}),
     }
 
     def given(*args, **kwargs):  # stands in for the model's forward pass
@@ -260,6 +294,7 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # num_iterations=1: ρ ≡ 1
         adv = inputs["advantages"]
+        side = side_info(self.method, entropy, inputs.get("sampling_per_token_logps"))
         train = self.model.training
         out = trl_loss(
             self.method, logp, old, adv, mask, self.loss_type,
@@ -268,12 +303,14 @@ class RlgatesGRPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if train else 1,
             steps_per_generation=self.args.steps_per_generation if train else 1,
+            side=side,
         )
         mode = "train" if train else "eval"
-        for k, v in metrics(self.method, logp, old, adv, mask, entropy, self.accelerator).items():
+        for k, v in metrics(self.method, logp, old, adv, mask, entropy, self.accelerator,
+                            side).items():
             self._metrics[mode][k].append(v)
         return out.to(logp.dtype)
 
 
 __all__ = ["REFUSED", "TRL_AGG", "TRL_METRICS", "RlgatesGRPOTrainer", "builtin_loss", "metrics",
-           "trl_loss"]
+           "side_info", "trl_loss"]
