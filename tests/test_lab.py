@@ -444,3 +444,68 @@ def test_interval_verdict_agrees_with_the_t_test():
             checked += 1
             assert (f["raw"] != "no difference detected") == (f["p"] < 0.05)
     assert checked > 350
+
+
+def _fake(curves_by_label):
+    """{label: [LabResult]} whose reward curves are the given [seeds, steps] rows."""
+    return {label: [lab.LabResult(label, s, 0, "token-mean", TINY, {"reward": row.tolist()})
+                    for s, row in enumerate(rows)]
+            for label, rows in curves_by_label.items()}
+
+
+def test_area_tells_speed_where_the_last_five_cannot():
+    steps, noise = torch.arange(60.0), 0.01 * torch.randn(8, 60, generator=torch.Generator()
+                                                         .manual_seed(0))
+    fast = (steps / 20).clamp(max=1) + noise  # reaches 1 at step 20
+    slow = (steps / 40).clamp(max=1) + noise  # the same end, reached at step 40
+    runs = _fake({"fast": fast, "slow": slow, "same": fast.clone()})
+    end = lab.paired_difference(runs, "fast", "slow", "reward")
+    speed = lab.paired(runs, "fast", "slow", lab.area)
+    assert end["mean"] == pytest.approx(0, abs=1e-12) and lab.verdict(end) != "higher"
+    assert lab.verdict(speed) == "higher"  # the area sees the 20 steps' head start
+    assert speed["mean"] == pytest.approx(float((fast - slow).mean()))
+    # negative control: identical curves differ in nothing
+    same = lab.paired(runs, "same", "fast", lab.area)
+    assert same["mean"] == 0 and lab.verdict(same) == "no difference detected"
+    # at a budget of 20 steps the last five already see the head start
+    at20 = lab.paired_difference(lab.upto(runs, 20), "fast", "slow", "reward")
+    assert lab.verdict(at20) == "higher"
+    table = lab.budget_table(runs, "slow", budgets=(20, 60))
+    fast_row = next(line for line in table.splitlines() if line.startswith("| fast"))
+    assert fast_row.count("higher") == 3 and "no difference detected" in fast_row
+
+
+def test_slope_and_plateau():
+    g = torch.Generator().manual_seed(1)
+    x = torch.arange(100.0)
+    rising = 0.002 * x + 0.3 + 0.002 * torch.randn(10, 100, generator=g)
+    level = (0.02 * x).clamp(max=0.6) + 0.002 * torch.randn(10, 100, generator=g)
+    runs = _fake({"rising": rising, "level": level})
+    assert lab.interval(lab.slope(runs["rising"], last=50))["mean"] == pytest.approx(0.002,
+                                                                                     rel=0.05)
+    exact = _fake({"line": (0.5 * x).expand(3, 100)})["line"]
+    assert lab.slope(exact, last=10).tolist() == pytest.approx([0.5] * 3)
+    # negative control: a curve that keeps rising never plateaus
+    assert lab.plateau(runs["rising"], last=50) is None
+    # the level curve is flat from step 30: a 50-step window ending at n holds the ramp's
+    # last steps until n nears 30 + 50
+    n = lab.plateau(runs["level"], last=50)
+    assert n is not None and 55 <= n <= 85
+    iv = lab.interval(lab.slope(lab.upto(runs, n)["level"], last=50))
+    assert iv["lo"] <= 0 <= iv["hi"]
+    before = lab.interval(lab.slope(lab.upto(runs, n - 1)["level"], last=50))
+    assert before["lo"] > 0
+
+
+def test_upto_equals_a_shorter_run():
+    longer = lab.run_many(["ppo", "sapo"], seeds=[0, 1], config=TINY, steps=4,
+                          keep_log_ratios=True)
+    shorter = lab.run_many(["ppo", "sapo"], seeds=[0, 1], config=TINY, steps=2)
+    cut = lab.upto(longer, 2)
+    for label in shorter:
+        for a, b in zip(cut[label], shorter[label], strict=True):
+            assert a.metrics == b.metrics and a.config == b.config
+            assert len(a.log_ratios) == 2
+    assert len(longer["ppo"][0].metrics["reward"]) == 4  # the original is left whole
+    with pytest.raises(ValueError):
+        lab.upto(longer, 5)

@@ -6,12 +6,14 @@
     >>> runs[0].metrics["reward"][-1], runs[0].final("entropy")
     >>> many = lab.run_many(["ppo", "dapo"], seeds=range(10), config=cfg)
     >>> lab.paired_difference(many, "dapo", "ppo", "reward")  # mean and 95 % interval
+    >>> lab.paired(many, "dapo", "ppo", lab.area)  # learning speed: the mean over all steps
     >>> lab.run_many({"k=0": lab.Arm("ppo", lag=0), "k=8": lab.Arm("ppo", lag=8)}, range(10))
 
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
 training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts
-and tables). The policy is rlgates.LabPolicy. The metrics are every diagnostic registered in
-`rlgates.diagnostics` plus the lab's own (`lab.metric_doc()`).
+and tables; learning speed and plateaus: `area`, `slope`, `plateau`, `upto`). The policy is
+rlgates.LabPolicy. The metrics are every diagnostic registered in `rlgates.diagnostics` plus the
+lab's own (`lab.metric_doc()`).
 """
 
 from ..figures import plot_runs, plot_shut_by_sign
@@ -32,6 +34,8 @@ from .loop import (
     train,
 )
 from .report import (
+    area,
+    budget_table,
     curves,
     family_table,
     family_verdicts,
@@ -39,19 +43,23 @@ from .report import (
     interval,
     marked_verdict,
     method_color,
+    paired,
     paired_difference,
     paired_table,
+    plateau,
+    slope,
     summary,
     summary_table,
+    upto,
     verdict,
 )
 from .task import PatternTask
 
 __all__ = [
-    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "curves", "default_agg",
-    "family_table", "family_verdicts",
+    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area", "budget_table",
+    "curves", "default_agg", "family_table", "family_verdicts",
     "format_interval", "interval", "marked_verdict", "method_color", "method_name", "metric_doc",
-    "paired_difference", "paired_table", "plot_runs", "plot_shut_by_sign", "resolve", "rollout",
-    "run_many", "summary",
-    "summary_table", "summed_loss", "train", "verdict", "loop", "report", "task",
+    "paired", "paired_difference", "paired_table", "plateau", "plot_runs", "plot_shut_by_sign",
+    "resolve", "rollout", "run_many", "slope", "summary",
+    "summary_table", "summed_loss", "train", "upto", "verdict", "loop", "report", "task",
 ]

@@ -4,11 +4,16 @@ All intervals are Student-t intervals over seeds (runs are independent; the seed
 every method, so a difference between two methods is taken seed by seed: a paired difference).
 A chapter that makes several comparisons reads them as one family (`family_verdicts`): each
 verdict beside its Holm-adjusted one, and a flag on intervals that end close to zero.
+
+A run's last-5 mean, read after a fixed number of steps on a curve that still rises, measures
+learning speed at that budget. `area` (the mean over all steps) measures speed directly; `slope`
+and `plateau` find where a reward stops rising; `upto` reads long runs at any shorter budget.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -72,10 +77,7 @@ def summary(runs: dict, keys=("reward", "entropy", "pg_clipfrac"), last=5) -> di
 
 def paired_difference(runs: dict, a: str, b: str, key="reward", last=5) -> dict:
     """a − b seed by seed (the runs share their seeds): mean and 95 % interval."""
-    sa = [r.seed for r in runs[a]]
-    if sa != [r.seed for r in runs[b]]:
-        raise ValueError(f"{a} and {b} must share their seeds to be paired")
-    return interval(finals(runs[a], key, last) - finals(runs[b], key, last))
+    return paired(runs, a, b, lambda results: finals(results, key, last))
 
 
 def verdict(diff: dict, higher="higher", lower="lower", same="no difference detected",
@@ -191,6 +193,82 @@ def paired_table(runs: dict, baseline: str, keys=("reward", "entropy"), last=5,
             "steps minus its baseline's.")
 
 
+def upto(runs: dict, steps: int) -> dict:
+    """The runs as they stood after their first `steps` steps: {label: [LabResult]} with every
+    metric cut there. A run's first steps do not depend on how many follow, so this equals
+    training for `steps` steps (tested): one long run gives every shorter budget."""
+    steps = int(steps)
+    if steps < 1 or any(len(r.metrics["reward"]) < steps for rs in runs.values() for r in rs):
+        raise ValueError(f"upto: every run needs at least {steps} ≥ 1 steps")
+    return {label: [replace(r, config=r.config.replace(steps=steps),
+                            metrics={k: v[:steps] for k, v in r.metrics.items()},
+                            log_ratios=None if r.log_ratios is None else r.log_ratios[:steps],
+                            gates=None if r.gates is None else r.gates[:steps])
+                    for r in results]
+            for label, results in runs.items()}
+
+
+def area(results, key="reward") -> torch.Tensor:
+    """Each run's mean of `key` over all its steps: the area under its curve divided by the
+    number of steps, [seeds]. Two runs that end at the same value differ here when one got there
+    sooner."""
+    return curves(results, key).mean(1)
+
+
+def slope(results, key="reward", last=50) -> torch.Tensor:
+    """Each run's least-squares slope of `key` per step over its last `last` steps: [seeds]."""
+    return _slope(curves(results, key)[:, -last:])
+
+
+def _slope(y):
+    """Least-squares slope per row of [runs, steps] values, per step."""
+    if y.shape[1] < 2:
+        raise ValueError(f"a slope needs at least 2 steps, got {y.shape[1]}")
+    x = torch.arange(y.shape[1], dtype=torch.float64)
+    x = x - x.mean()
+    return ((y - y.mean(1, keepdim=True)) * x).sum(1) / (x * x).sum()
+
+
+def plateau(results, key="reward", last=50, start=None) -> int | None:
+    """The first budget n (at least `start`, default `last`) at which the 95 % interval over
+    seeds of the slope of `key` over steps n − last … n − 1 contains 0; None if no budget of
+    these runs reaches it."""
+    y = curves(results, key)
+    for n in range(max(last, start or last), y.shape[1] + 1):
+        iv = interval(_slope(y[:, n - last:n]))
+        if iv["lo"] <= 0 <= iv["hi"]:
+            return n
+    return None
+
+
+def paired(runs: dict, a: str, b: str, measure) -> dict:
+    """a − b seed by seed of any per-run `measure(results) -> [seeds]` (e.g. `area`): mean and
+    95 % interval."""
+    if [r.seed for r in runs[a]] != [r.seed for r in runs[b]]:
+        raise ValueError(f"{a} and {b} must share their seeds to be paired")
+    return interval(measure(runs[a]) - measure(runs[b]))
+
+
+def budget_table(runs: dict, baseline: str, budgets, key="reward", last=5,
+                 fmt="+.3f") -> str:
+    """A Markdown table of paired differences (each label − `baseline`) at each budget n in
+    `budgets` (steps): the mean over the last `last` steps up to n, and the mean over steps 1 to
+    n (`area`), each as mean [95 % interval] and its verdict word."""
+    cols, cells = [], {label: [] for label in runs if label != baseline}
+    for n in budgets:
+        cut = upto(runs, n)
+        cols += [f"last {last} at {n}", f"mean over 1–{n}"]
+        for label in cells:
+            for d in (paired(cut, label, baseline, lambda rs: finals(rs, key, last)),
+                      paired(cut, label, baseline, lambda rs: area(rs, key))):
+                cells[label].append(f"{format_interval(d, fmt)} {verdict(d)}")
+    n_seeds = len(runs[baseline])
+    return (markdown([[label, *c] for label, c in cells.items()], [f"{key} − {baseline}", *cols])
+            + f"\n\nPaired differences over {n_seeds} common seeds, mean [95 % interval]: of "
+            f"each run's {key} over its last {last} steps before the budget, and over all its "
+            "steps to the budget (the area under the curve per step: learning speed).")
+
+
 def method_color(label, fallback="C0"):
     """A registered method's line colour (its class's `color`), else `fallback`. A label such
     as "dapo eps_high=2" takes the colour of its first word."""
@@ -198,6 +276,7 @@ def method_color(label, fallback="C0"):
     return getattr(cls, "color", None) or fallback
 
 
-__all__ = ["curves", "family_table", "family_verdicts", "finals", "format_interval", "interval",
-           "marked_verdict", "method_color", "paired_difference", "paired_table", "summary",
-           "summary_table", "t975", "t_pvalue", "verdict"]
+__all__ = ["area", "budget_table", "curves", "family_table", "family_verdicts", "finals",
+           "format_interval", "interval", "marked_verdict", "method_color", "paired",
+           "paired_difference", "paired_table", "plateau", "slope", "summary", "summary_table",
+           "t975", "t_pvalue", "upto", "verdict"]
