@@ -154,9 +154,13 @@ def sequence_log_ratio(logp, logp_old, mask):
 
 def gate_log_ratio(logp, logp_old, mask, level="token"):
     """[B, T]: the log-ratio each token's gate sees: its own at token level, its sequence's
-    (broadcast over the tokens) at sequence level."""
+    (broadcast over the tokens) at sequence level (the log of the geometric mean), or the log
+    of the whole response's ratio, the product of its token ratios (VESPO), at
+    "sequence-product"."""
     if level == "sequence":
         return sequence_log_ratio(logp, logp_old, mask)[:, None].expand_as(logp)
+    if level == "sequence-product":
+        return token_log_ratio(logp, logp_old, mask).sum(-1, keepdim=True).expand_as(logp)
     return token_log_ratio(logp, logp_old, mask)
 
 

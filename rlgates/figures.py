@@ -90,7 +90,7 @@ def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim
 
 def axis_symbols(method: Method):
     """('A_t', '\\rho_t') at token level, ('A_s', '\\rho_s') for sequence-level methods."""
-    s = "s" if method.level == "sequence" else "t"
+    s = "t" if method.level == "token" else "s"
     return f"A_{s}", rf"\rho_{s}"
 
 

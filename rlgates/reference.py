@@ -9,6 +9,8 @@ exact definitions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -119,11 +121,25 @@ def dro_loss(logp, logp_old, adv, mask, agg, beta=1.0, safety_eps=0.0):
     return agg_loss(-(logp * adv - 0.5 * beta * (logp - logp_old) ** 2), mask, agg, safety_eps)
 
 
-#: The reference loss of every built-in method, with rlgates' hyperparameter names.
+def vespo_loss(logp, logp_old, adv, mask, agg, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+               lambda_neg=2.0, safety_eps=0.0):
+    """VESPO: −sg(φ(w))·A·log π, φ(w) = e^λ·w^k·e^{−λw} in log space, w the product of the
+    response's token ratios (each log-ratio clamped to ±20, the sum to [log 1e-8, 20])."""
+    m = mask.to(logp.dtype)
+    log_ratio = torch.clamp(logp.detach() - logp_old, min=-20.0, max=20.0)
+    log_w = torch.clamp((log_ratio * m).sum(-1, keepdim=True), min=math.log(1e-8), max=20.0)
+    k = torch.where(adv >= 0, k_pos, k_neg)
+    lam = torch.where(adv >= 0, lambda_pos, lambda_neg)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return agg_loss(-phi * adv * logp, mask, agg, safety_eps)
+
+
+#: The reference loss of every built-in method, with rlgates' hyperparameter names. LUSPO's loss
+#: is GSPO's; its length factor is its aggregation (seq-mean-token-sum).
 REFERENCES = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss,
               "dual_clip": dual_clip_loss, "cispo": cispo_loss, "reinforce": reinforce_loss,
               "dapo_dual_clip": decoupled_dual_clip_loss, "gmpo": gmpo_loss, "gpg": gpg_loss,
-              "dro": dro_loss}
+              "dro": dro_loss, "luspo": gspo_loss, "vespo": vespo_loss}
 
 
 def reference_loss(name, logp, logp_old, adv, mask, agg, **hparams):

@@ -37,9 +37,13 @@ def test_finite_differences_of_f_times_a(name_):
 
     def f_form(x, agg):
         log_ratio = torch.where(mask, x - logp_old, 0.0)
+        share = 1.0
         if m.level == "sequence":
             log_ratio = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand_as(x)
-        return -rlgates.aggregate(m.objective(log_ratio.exp(), adv_t), mask, agg)
+        elif m.level == "sequence-product":  # f(w)·A once per response, shared by its tokens
+            log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(x)
+            share = 1 / mask.sum(-1, keepdim=True).clamp(min=1)
+        return -rlgates.aggregate(m.objective(log_ratio.exp(), adv_t) * share, mask, agg)
 
     for agg in rlgates.AGG_MODES:
         leaf = logp.clone().requires_grad_(True)

@@ -52,8 +52,9 @@ def test_defaults_follow_the_papers():
     assert rlgates.get("sapo").hparams == {"tau_pos": 1.0, "tau_neg": 1.05}
     assert rlgates.get("sao").hparams == {"eps_low": 0.3, "eps_high": 5.0}
     levels = {n: rlgates.get(n).level for n in rlgates.names()}
-    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "gmpo"]
+    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "gmpo", "luspo"]
     assert rlgates.get("gmpo").hparams == {"eps_low": 0.4, "eps_high": 0.4}
+    assert [n for n, lv in levels.items() if lv == "sequence-product"] == ["vespo"]
 
 
 def test_bad_loss_inputs_name_the_argument():
@@ -123,7 +124,7 @@ def test_low_precision_keeps_float64_gate_decisions(name, dtype):
     assert leaf.grad.dtype == dtype
     ref = lo.double().requires_grad_(True)
     m.loss(ref, lo_old.double(), a.double(), mask).backward()
-    if name == "sapo":  # a smooth gate: no zeros, so compare values instead of decisions
+    if name in ("sapo", "vespo"):  # smooth gates: no zeros, so compare values, not decisions
         assert torch.allclose(leaf.grad.double(), ref.grad, rtol=1e-2, atol=1e-6)
     else:
         assert torch.equal(leaf.grad != 0, ref.grad != 0)

@@ -20,7 +20,7 @@ NORM = "seq-mean-token-sum-norm"
 def test_registered_with_the_same_contract(name):
     assert name in rlgates.names()
     m = rlgates.get(name)
-    assert m.level in ("token", "sequence") and m.title and m.paper and m.f_latex and m.gate_latex and m.insight
+    assert m.level in ("token", "sequence", "sequence-product") and m.title and m.paper and m.f_latex and m.gate_latex and m.insight
     assert repr(m).startswith(f"rlgates.get('{name}'")
     table = rlgates.table((name,), merge_grpo=False)
     assert m.title in table

@@ -38,7 +38,7 @@ def test_gate_signal_figure_is_labelled_and_draws_the_bounds(name):
     fig = rlgates.plot_gate_signal(name)
     left, right = fig.axes[:2]
     m = rlgates.get(name)
-    A, r = ("A_s", r"\rho_s") if m.level == "sequence" else ("A_t", r"\rho_t")
+    A, r = ("A_t", r"\rho_t") if m.level == "token" else ("A_s", r"\rho_s")
     assert A in left.get_xlabel() and r in left.get_ylabel() and A in right.get_xlabel()
     assert left.get_shared_y_axes().joined(left, right)
     bars = [ax for ax in fig.axes[2:]]

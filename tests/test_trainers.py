@@ -169,9 +169,12 @@ def _case(name, tok, adv, seq):
         return None, rlgates.get("sapo", tau_pos=tau, tau_neg=1.05 * tau)
     if name == "cispo":
         return None, rlgates.get("cispo", eps_low=1.0, eps_high=_between(tok[tok > 1] - 1, 0.5))
-    if name == "gspo":
+    if name in ("gspo", "luspo"):
         e = _between((seq - 1).abs(), 0.5)
-        return None, rlgates.get("gspo", eps_low=e, eps_high=e)
+        return None, rlgates.get(name, eps_low=e, eps_high=e)
+    if name == "vespo":  # a narrower bump (peak at w = 1): stale responses weigh less
+        return None, rlgates.get("vespo", k_pos=10.0, lambda_pos=10.0, k_neg=10.0,
+                                 lambda_neg=10.0)
     if name == "dual_clip":
         e = _between(d, 0.1)
         neg = tok[(adv < 0) & (tok > 1 + e)]  # A < 0 tokens the update has pushed up
@@ -186,6 +189,8 @@ def _assert_contrast(m, tok, adv, seq):
                         [m.gate(s, torch.tensor(-1.0, dtype=s.dtype)) for s in seq])
     else:
         g = m.gate(tok, adv)
+    if m.level == "sequence-product":  # its ratio is the product: see TRL's logged φ instead
+        return
     if m.name == "dual_clip":  # some A < 0 tokens past c: shut here, open under PPO
         assert ((adv < 0) & (tok > m.hparams["c"])).any()
     if m.name == "sapo":
@@ -196,7 +201,8 @@ def _assert_contrast(m, tok, adv, seq):
         assert (g == 0).any() and (g == 1).any()
 
 
-TRL_CASES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "gspo", "dual_clip"]
+TRL_CASES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "cispo", "gspo", "dual_clip", "luspo",
+             "vespo"]
 
 
 @pytest.mark.parametrize("case", TRL_CASES)
@@ -220,6 +226,10 @@ def test_trl_loss_equals_adapter(run, case):
     assert v_ours == pytest.approx(v_ref, rel=1e-6)
     assert rel_dist(g_ours, g_ref) < 1e-6
     assert max(float(g.abs().max()) for g in g_ref) > 1e-6
+    if m.name == "vespo":  # φ(w) acts on the real product ratios: TRL's own mean of it
+        phi = ref._metrics["train"]["vespo/phi_seq_mean"]
+        assert phi and all(0.05 < p < 0.95 for p in phi), phi
+        assert ours._metrics["train"]["vespo/phi_seq_mean"] == pytest.approx(phi, rel=1e-6)
 
 
 def test_aggregations_differ_on_these_lengths(run):
@@ -353,6 +363,7 @@ VERL_CASES = {
     "gspo": rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4),
     "sapo": rlgates.get("sapo"),
     "cispo": rlgates.get("cispo", eps_low=0.2, eps_high=0.28),
+    "luspo": rlgates.get("luspo"),  # verl's gspo under seq-mean-token-sum
 }
 
 

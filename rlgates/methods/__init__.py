@@ -9,6 +9,8 @@
     gpg.py          the policy gradient on log π, no importance weight: gpg
     dro.py          a gate whose edge moves with |A|: dro
     decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
+    luspo.py        GSPO's gate, each response's loss times its length: luspo
+    vespo.py        a smooth weight on the response's product ratio: vespo
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
@@ -20,8 +22,10 @@ from . import (  # noqa: F401  (registers them)
     dro,
     gmpo,
     gpg,
+    luspo,
     reinforce,
     smooth,
+    vespo,
     weight_clip,
     window,
 )
@@ -31,12 +35,14 @@ from .decoupled_dual_clip import DecoupledDualClip
 from .dro import DRO
 from .gmpo import GMPO
 from .gpg import GPG
+from .luspo import LUSPO
 from .reinforce import Reinforce
 from .smooth import SAPO
+from .vespo import VESPO
 from .weight_clip import CISPO
 from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip", "LUSPO", "VESPO",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]

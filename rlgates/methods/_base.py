@@ -86,7 +86,7 @@ class Method:
     paper = ""  # citation with arXiv id
     order = 100.0  # position in `names()`: the article's methods first, in its order
     article_row: int | None = None  # its row in the article's Table 1 (None: not in it)
-    level = "token"  # "token" or "sequence": which ratio the gate sees
+    level = "token"  # "token", "sequence" (geometric mean) or "sequence-product": the gate's ratio
     hard = False  # True: the gate is 0 or 1 everywhere
     # --- defaults -----------------------------------------------------------------------------
     defaults: dict = {}

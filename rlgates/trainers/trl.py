@@ -38,19 +38,19 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import _numerics as nx
-from . import _detached_inputs, flags, gate_stats, loss
+from ..methods.vespo import LOG_W_MAX, LOG_W_MIN
+from . import _detached_inputs, conformance_trl, flags, gate_stats, loss
 
-#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`). These are
-#: the types tests/test_trainers.py compares with TRL's own loss; luspo and vespo are not mapped.
-TRL_AGG = {
-    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "bnpo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm", "dapo": "token-mean", "cispo": "token-mean",
-}
+#: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`), for every
+#: TRL 1.16 loss type; written once, beside TRL's conformance rows (conformance_trl).
+TRL_AGG = conformance_trl.TRL_AGG
 
 
 def _level_mismatch(t):
     level = getattr(t.method, "level", "token")
-    return t.args.importance_sampling_level != level and (
+    # a sequence-product method (vespo) reads token ratios and multiplies them itself
+    trl_level = "sequence" if level == "sequence" else "token"
+    return t.args.importance_sampling_level != trl_level and (
         f"{t.args.importance_sampling_level!r} while {t.method.name} works at the {level} level")
 
 
@@ -81,18 +81,18 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
              num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1):
     """The rlgates method's loss, normalised as TRL 1.16 normalises `loss_type`.
 
-    grpo, sapo: the mean over *every* row of the micro-batch, fully masked rows included
-        (rlgates' own mean skips them), divided by the gradient-accumulation steps;
+    grpo, sapo, luspo: the mean over *every* row of the micro-batch, fully masked rows
+        included (rlgates' own mean skips them), divided by the gradient-accumulation steps;
     bnpo: this micro-batch's token-mean, divided by the accumulation steps;
     dr_grpo: Σ over tokens / (rows × max_completion_length), divided by the accumulation steps;
-    dapo, cispo: Σ over tokens / (num_items_in_batch / num_processes × grad_accum /
+    dapo, cispo, vespo: Σ over tokens / (num_items_in_batch / num_processes × grad_accum /
         steps_per_generation): the generation batch's global token count, scaled to one step.
     """
     if loss_type not in TRL_AGG:
         raise ValueError(f"loss_type {loss_type!r} has no rlgates mapping; use one of "
                          f"{sorted(TRL_AGG)}")
     agg = TRL_AGG[loss_type]
-    if loss_type in ("dapo", "cispo"):
+    if loss_type in ("dapo", "cispo", "vespo"):
         n = num_items_in_batch
         if n is None:
             n = nx.check_mask(mask, logp.shape, logp.device).sum()
@@ -157,11 +157,20 @@ def _sapo(r, a, m, f, procs):  # TRL's sapo logs no clip metric
     return {}
 
 
+def _vespo(r, a, m, f, procs):  # vespo/phi_seq_mean: φ(w) of each row, every row counted
+    log_w = (r.log() * m).sum(-1, keepdim=True).clamp(LOG_W_MIN, LOG_W_MAX)
+    pos = a >= 0
+    k = torch.where(pos, f["vespo_k_pos"], f["vespo_k_neg"])
+    lam = torch.where(pos, f["vespo_lambda_pos"], f["vespo_lambda_neg"]).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(0.0, 0.0, 0.0)
+    return {"vespo/phi_seq_mean": _global_mean(phi, m, procs)}
+
+
 #: TRL loss_type -> (ρ as TRL's coef_1: [B, T], or [B, 1] at sequence level; A [B, 1]; mask;
 #: the method's TRL flags; the reductions) -> the clip metrics that loss_type logs (TRL 1.16.0,
 #: GRPOTrainer._compute_loss, "# Log the metrics").
-TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip,
-               "cispo": _cispo, "sapo": _sapo}
+TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip, "luspo": _clip,
+               "cispo": _cispo, "sapo": _sapo, "vespo": _vespo}
 
 
 def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -> dict:
@@ -190,14 +199,18 @@ def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -
     return out
 
 
-def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, entropy=None):
+def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, entropy=None,
+                 extra_inputs=None):
     """TRL's own policy loss (`GRPOTrainer._compute_loss`, with `trainer`'s settings) at the given
     log-probs, instead of the model's: a scalar differentiable in `logp`, so that TRL's gradient
     with respect to each token's log-prob can be read and compared (the book's chapter 14).
 
     logp, logp_old, mask: [B, T]; adv: [B]. num_items_in_batch: TRL's global token count (dapo,
-    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs (zeros
-    if None). TRL's metrics for the batch are appended to `trainer._metrics`.
+    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs and
+    its entropy mask reads (zeros if None). extra_inputs: more of TRL's `inputs`, e.g.
+    `sampling_per_token_logps` (the off-policy mask's sampler) or `importance_sampling_ratio`
+    (vLLM's correction, which vespo folds into its weight). TRL's metrics for the batch are
+    appended to `trainer._metrics`.
     """
     B, T = logp.shape
     mask = mask.long()
@@ -208,6 +221,7 @@ def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, en
         "advantages": adv, "old_per_token_logps": logp_old,
         "num_items_in_batch": mask.sum() if num_items_in_batch is None
         else torch.as_tensor(num_items_in_batch),
+        **(extra_inputs or {}),
     }
 
     def given(*args, **kwargs):  # stands in for the model's forward pass
