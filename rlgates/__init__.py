@@ -4,10 +4,12 @@
     >>> m = rlgates.get("dapo")            # eps_low=0.2, eps_high=0.28
     >>> m.gate(ratio, adv)                  # f'(ρ; A)
     >>> m.loss(logp, logp_old, adv, mask)   # minus the aggregated objective (agg: m.agg)
+    >>> rlgates.get("dppo_tv").gate(ratio, adv, rlgates.SideInfo(probs_old=p))  # side inputs
 """
 
 from . import byo, diagnostics, figures, lab, offpolicy, tables
 from ._numerics import AGG_MODES, LOG_RATIO_CLAMP, aggregate, aggregation_weight, ragged_mask
+from ._side import SideInfo
 from .advantages import STD_EPS, group_advantages
 from .check import check_gradient
 from .devices import compare_devices, device, on_accelerator, time_loss, time_step
@@ -38,7 +40,8 @@ from .tables import aggregation_table, defaults_table, table
 
 __all__ = [
     "AGG_MODES", "LOG_RATIO_CLAMP", "REGISTRY", "STD_EPS",
-    "GatePanels", "LabConfig", "LabPolicy", "LabResult", "Method", "Plane", "TinyPolicy",
+    "GatePanels", "LabConfig", "LabPolicy", "LabResult", "Method", "Plane", "SideInfo",
+    "TinyPolicy",
     "aggregate", "aggregation_table", "aggregation_weight", "byo", "check_gradient",
     "compare_devices", "defaults_table", "demo_batch", "demo_size", "device", "diagnostics",
     "explore", "figures", "get", "group_advantages", "lab", "lagged_log_ratios", "names",

@@ -47,6 +47,7 @@ from functools import cached_property
 import torch
 
 from . import _numerics as nx
+from ._side import MissingSide, SideInfo
 from .methods._base import Method
 
 
@@ -97,11 +98,13 @@ class Batch:
     logp, logp_old, mask: [..., B, T]; adv: [..., B] or [..., B, T]. Optional: the policy's
     per-token `entropy` [..., B, T], the behaviour weight `is_weight` [..., B, T] applied to the
     loss, and the rollout's `rewards` [..., N] with its `group` size (prompts × G, each prompt's G
-    responses side by side; they need not be the rows of the tokens).
+    responses side by side; they need not be the rows of the tokens). `side`: an rlgates.SideInfo
+    over [..., B, T] for a method with side inputs; its gate and loss are then computed run by
+    run (each run's batch statistics its own), and Missing names a field nobody gave.
     """
 
     def __init__(self, method, logp, logp_old, adv, mask=None, *, agg=None, entropy=None,
-                 is_weight=None, rewards=None, group=None):
+                 is_weight=None, rewards=None, group=None, side=None):
         dtype = nx.compute_dtype(logp, logp_old)
         self.method, self.inputs = method, (logp.detach(), logp_old.detach(), adv.detach())
         self.logp, self.logp_old = logp.detach().to(dtype), logp_old.detach().to(dtype)
@@ -109,13 +112,14 @@ class Batch:
         adv = adv.detach().to(dtype)
         self.adv = (adv[..., None] if adv.dim() == logp.dim() - 1 else adv).expand_as(self.logp)
         self.agg = agg or getattr(method, "agg", None) or "token-mean"
-        self._given = {"entropy": entropy, "is_weight": is_weight, "rewards": rewards}
+        self._given = {"entropy": entropy, "is_weight": is_weight, "rewards": rewards,
+                       "side": side}
         self.group = group
 
     def optional(self, name):
-        """An optional input (detached), or None."""
+        """An optional input (detached; a SideInfo's fields already are), or None."""
         x = self._given[name]
-        return None if x is None else x.detach()
+        return x if x is None or isinstance(x, SideInfo) else x.detach()
 
     def given(self, name):
         """An optional input a diagnostic cannot do without; Missing if it was not passed."""
@@ -150,8 +154,24 @@ class Batch:
         """f'(ρ; A) of each token at the ratio its gate sees; Missing for an object with no gate."""
         if not callable(getattr(self.method, "gate", None)):
             raise Missing("gate")
+        if getattr(self.method, "side_inputs", ()):
+            return self._side_gate()
         g = self.method.gate(nx.ratio_from_log(self.gate_log_ratio), self.adv)
         return torch.as_tensor(g).to(self.logp.dtype).expand_as(self.logp)
+
+    def _side_gate(self):
+        """A side-input method's gate, run by run (its batch statistics are each run's own),
+        with the fields the batch gives derived and the rest from the `side` input; Missing
+        (the field's name) when a field it reads was not given."""
+        side, rows = self.optional("side"), self.rows(self.logp)
+        runs = zip(rows, self.rows(self.logp_old), self.rows(self.adv), self.rows(self.mask),
+                   strict=True)
+        try:
+            gates = [self.method.token_gate(*run, side=_run_side(side, self.logp, self.rows, r))
+                     for r, run in enumerate(runs)]
+        except MissingSide as e:
+            raise Missing(f"side.{e.field}") from None
+        return torch.stack(gates).reshape(self.logp.shape).to(self.logp.dtype)
 
     @cached_property
     def weight(self):
@@ -339,15 +359,30 @@ def _is_weight_mean(b):
 def _loss(b):
     if not callable(getattr(b.method, "loss", None)):
         raise Missing("loss")
-    if isinstance(b.method, Method) and type(b.method).loss is Method.loss:
-        return _runs_method_loss(b)
+    side_inputs = getattr(b.method, "side_inputs", ())
+    if isinstance(b.method, Method) and type(b.method).loss is Method.loss and not side_inputs:
+        return _runs_method_loss(b)  # one pass; a side-input method's batch statistics are per run
     logp, logp_old, adv = b.inputs
     n, w = b.rows(logp).shape[0], b.optional("is_weight")
     runs = zip(b.rows(logp), b.rows(logp_old), adv.reshape(n, *adv.shape[len(b.lead):]),
                b.rows(b.mask), strict=True)
     kws = [{}] * n if w is None else [{"is_weight": x} for x in b.rows(w)]
-    out = [b.method.loss(*run, b.agg, **kw) for run, kw in zip(runs, kws, strict=True)]
+    if side_inputs:
+        side = b.optional("side")
+        kws = [{**kw, "side": _run_side(side, b.logp, b.rows, r)} for r, kw in enumerate(kws)]
+    try:
+        out = [b.method.loss(*run, b.agg, **kw) for run, kw in zip(runs, kws, strict=True)]
+    except MissingSide as e:
+        raise Missing(f"side.{e.field}") from None
     return torch.stack(out).reshape(b.lead).to(b.logp.dtype)
+
+
+def _run_side(side, like, rows, r):
+    """Run r's part of a SideInfo given over [..., B, T] (None stays None)."""
+    if side is None:
+        return None
+    fields = {n: rows(getattr(side, n).expand(like.shape))[r] for n in side.given()}
+    return side.replace(**fields)
 
 
 def _runs_method_loss(b):
@@ -375,7 +410,8 @@ def step_stats(method, logp, logp_old, adv, mask=None, entropy=None, agg=None, *
         [..., B, T]. entropy: optional [..., B, T] per-token entropy
         (`rlgates.regularisers.entropy(logits)`). agg: the aggregation the loss and
         `signal_lost` use (default: the method's own `.agg`, else token-mean).
-    keys: the keys to compute (default: all). inputs: `is_weight`, `rewards`, `group` (`Batch`).
+    keys: the keys to compute (default: all). inputs: `is_weight`, `rewards`, `group`, `side`
+        (`Batch`).
     A key whose input is missing is NaN (skip_missing=True: left out).
     """
     b = Batch(method, logp, logp_old, adv, mask, agg=agg, entropy=entropy, **inputs)

@@ -10,6 +10,11 @@ the token's probability) is red, discourage is blue, zero gradient is white or g
     GatePanels, plot_gate_signal, plot_ppo_regions, plot_small_multiples, plot_profiles
     png_rgb(rgb)                                    a fast PNG for the live sliders
     plot_runs(runs, key), plot_shut_by_sign(runs)   lab curves over seeds (rlgates.lab)
+
+A method that reads side information (`Method.side_inputs`, rlgates.SideInfo) is drawn with
+`side=`: the plane holds those fields fixed while A and log ρ vary (a number per field, or a
+tensor that broadcasts to the grid), and the caption says which values it holds. Without it
+the method's ValueError names the field it lacks.
 """
 
 from __future__ import annotations
@@ -51,9 +56,10 @@ def sign_legend(ax, extra=(), **kwargs):
 
 
 def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim=None,
-                   size=10, legend=True):
+                   size=10, legend=True, side=None):
     """Tokens as points on the (A, log ρ) plane, red for A > 0 and blue for A < 0; tokens whose
-    gate is shut (from `gate`, or from `method` at these points) are hollow grey circles.
+    gate is shut (from `gate`, or from `method` at these points, with its side information
+    `side` per token) are hollow grey circles.
 
     With `method` its clip edges are drawn too. Returns the axes.
     """
@@ -61,7 +67,7 @@ def scatter_tokens(ax, adv, log_ratio, method=None, gate=None, adv_lim=None, lim
     log_ratio = np.asarray(torch.as_tensor(log_ratio, dtype=torch.float64).flatten())
     method = _method(method) if method is not None else None
     if gate is None and method is not None:
-        gate = method.gate(torch.from_numpy(log_ratio).exp(), torch.from_numpy(adv))
+        gate = method.gate(torch.from_numpy(log_ratio).exp(), torch.from_numpy(adv), side)
     shut = (np.zeros_like(adv, dtype=bool) if gate is None
             else np.asarray(torch.as_tensor(gate).flatten()) == 0)
     colour = np.where(adv > 0, ENCOURAGE, DISCOURAGE)
@@ -108,16 +114,30 @@ class Plane:
         return (self.adv[0], self.adv[-1], self.log_ratio[0], self.log_ratio[-1])
 
 
-def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201) -> Plane:
-    """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim."""
+def plane(method, adv_lim=1.0, log_ratio_lim=None, n=201, side=None) -> Plane:
+    """Evaluate `method.gate` and `method.signal` on an n×n grid over A ∈ ±adv_lim, log ρ ∈ ±lim.
+    side: the side information held fixed over the grid (for a method with side inputs)."""
     method = _method(method)
     lim = default_lim(method) if log_ratio_lim is None else log_ratio_lim
     adv = torch.linspace(-adv_lim, adv_lim, n, dtype=torch.float64)
     log_ratio = torch.linspace(-lim, lim, n, dtype=torch.float64)
     ratio = log_ratio.exp()[:, None]
     a = adv[None, :]
-    return Plane(adv.numpy(), log_ratio.numpy(), method.gate(ratio, a).numpy(),
-                 method.signal(ratio, a).numpy())
+    return Plane(adv.numpy(), log_ratio.numpy(), method.gate(ratio, a, side).numpy(),
+                 method.signal(ratio, a, side).numpy())
+
+
+def side_caption(method, side) -> str:
+    """', holding probs_old = 0.9' and so on: the side information a figure holds fixed (its
+    single values; a field that varies is named only). Empty for a gate of (ρ, A)."""
+    if side is None or not getattr(method, "side_inputs", ()):
+        return ""
+    held = []
+    for name in method.side_inputs:
+        value = getattr(side, name, None)
+        if value is not None:
+            held.append(f"{name} = {float(value):g}" if value.numel() == 1 else f"{name} given")
+    return ", holding " + ", ".join(held) if held else ""
 
 
 def half_gate_lines(grid: Plane) -> list[np.ndarray]:
@@ -162,16 +182,18 @@ class GatePanels:
     Its title, `caption`, names the method and its hyperparameters; with live=True the figure
     leaves it out, for the widget to show as text.
 
+    side: the side information held fixed (a method with side inputs), named in the caption.
+
     Left: sign(A)·f'(ρ; A), so an open gate is red where it encourages and blue where it
     discourages. Right: the learning signal f'·ρ·A. Both share axes; colour bars are labelled.
     """
 
     def __init__(self, method, adv_lim=1.0, log_ratio_lim=None, n=201, signal_max=None, axes=None,
-                 live=False):
+                 live=False, side=None):
         import matplotlib.pyplot as plt
 
         self.adv_lim, self.lim, self.n, self.signal_max = adv_lim, log_ratio_lim, n, signal_max
-        self.live, self._background = live, None
+        self.live, self._background, self.side = live, None, side
         if axes is None:
             fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True,
                                      layout="constrained")
@@ -184,7 +206,7 @@ class GatePanels:
         """Redraw for `method` (a name or a Method). Returns self."""
         method = get(method) if isinstance(method, str) else method
         self.method = method
-        p = plane(method, self.adv_lim, self.lim, self.n)
+        p = plane(method, self.adv_lim, self.lim, self.n, self.side)
         smax = self.signal_max or max(float(np.abs(p.signal).max()), 1e-12)
         signed_gate = np.sign(p.adv)[None, :] * p.gate
         A, r = axis_symbols(method)
@@ -233,7 +255,7 @@ class GatePanels:
             self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
         for artist in self._moving:
             artist.set_animated(self.live)
-        self.caption = f"{method.title}: {method!r}"
+        self.caption = f"{method.title}: {method!r}{side_caption(method, self.side)}"
         if self._title is not None:
             self._title.set_text(self.caption)
         return self
@@ -333,10 +355,11 @@ def plot_ppo_regions(eps=0.2, adv_lim=1.0, log_ratio_lim=0.6, ax=None):
 
 
 def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_ratio_lim=None,
-                         fixed=None):
+                         fixed=None, side=None):
     """One panel per value of `param`: the static stand-in for a slider.
 
-    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters.
+    panel: "signal" (f'·ρ·A) or "gate" (f' signed by A). `fixed` sets the other hyperparameters;
+    `side` the side information every panel holds fixed (named in the title).
     All panels share axes and one colour scale, so they can be compared by eye.
     """
     import matplotlib.pyplot as plt
@@ -344,7 +367,7 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     if panel not in ("signal", "gate"):
         raise ValueError(f"panel must be 'signal' or 'gate', got {panel!r}")
     methods = [get(name, **{**(fixed or {}), param: v}) for v in values]
-    planes = [plane(m, adv_lim, log_ratio_lim) for m in methods]
+    planes = [plane(m, adv_lim, log_ratio_lim, side=side) for m in methods]
     if panel == "signal":
         grids = [p.signal for p in planes]
         vmax = max(float(np.abs(g).max()) for g in grids) or 1.0
@@ -363,16 +386,18 @@ def plot_small_multiples(name, param, values, panel="signal", adv_lim=1.0, log_r
     axes[0][0].set_ylabel(rf"$\log {r}$")
     label = f"learning signal f′·${r}$·${A}$" if panel == "signal" else "gate f′, signed by A"
     fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label=label)
-    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies", fontsize=10)
+    fig.suptitle(f"{methods[0].title}: {panel} as {param} varies"
+                 f"{side_caption(methods[0], side)}", fontsize=10)
     return fig
 
 
-def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801):
+def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801, side=None):
     """f and f' against log ρ, one column per sign of A: the gate's cross-sections.
 
     methods: Method objects or registry names, drawn with line styles -, --, -., : in turn (so
     that coinciding curves stay visible). Each method's `bounds()` are drawn as dotted verticals
-    in its colour. Returns the figure.
+    in its colour. side: the side information held fixed for the methods that read it (the
+    others ignore it). Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -388,8 +413,8 @@ def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801
         for i, m in enumerate(methods):
             style = {"color": f"C{i}", "lw": max(2.6 - 0.4 * i, 1.0), "label": m.title,
                      "ls": ("-", "--", "-.", ":")[i % 4]}
-            top.plot(log_ratio, m.weight(ratio, a_t), **style)
-            bottom.plot(log_ratio, m.gate(ratio, a_t), **style)
+            top.plot(log_ratio, m.weight(ratio, a_t, side), **style)
+            bottom.plot(log_ratio, m.gate(ratio, a_t, side), **style)
             for r, side in m.bounds():
                 if side == 0 or side == (1 if a > 0 else -1):
                     for ax in (top, bottom):

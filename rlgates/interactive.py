@@ -37,7 +37,8 @@ def explore(name, **panel_kwargs):
     call with `plot_small_multiples`, which carries the same information. As in the web explorer,
     the log ρ axis widens when a clip bound would leave it (and says so), and narrows back. The
     image is drawn at `LIVE_SCALE` x the figure's dpi and shown at its 100-dpi size; its title
-    (the method and its hyperparameters) is a line of text above it.
+    (the method and its hyperparameters) is a line of text above it. A method with side inputs
+    takes `side=rlgates.SideInfo(...)`, held fixed while the sliders move.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
@@ -47,7 +48,7 @@ def explore(name, **panel_kwargs):
     base_lim = panel_kwargs.pop("log_ratio_lim", None) or default_lim(method)
     lim = axis_lim(method, base_lim)
     # a fixed colour scale (the default's), so that the colour bars stay put while sliders move
-    start = plane(method, adv_lim, lim, panel_kwargs.get("n", 201))
+    start = plane(method, adv_lim, lim, panel_kwargs.get("n", 201), panel_kwargs.get("side"))
     panel_kwargs.setdefault("signal_max", float(np.abs(start.signal).max()) or 1.0)
     panels = GatePanels(method, adv_lim=adv_lim, log_ratio_lim=lim, live=True, **panel_kwargs)
     plt.close(panels.fig)  # shown through the Image widget below, not by the inline backend

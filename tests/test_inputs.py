@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rlgates
-from tests.conftest import make_batch
+from tests.conftest import held, make_batch
 
 
 def test_unknown_method_lists_the_known_ones():
@@ -77,7 +77,7 @@ def test_bad_loss_inputs_name_the_argument():
 
 
 def test_mask_may_be_bool_or_01(name):
-    m = rlgates.get(name)
+    m = held(name)
     logp, logp_old, adv, mask = make_batch()
     assert torch.equal(m.loss(logp, logp_old, adv, mask), m.loss(logp, logp_old, adv, mask.long()))
     assert torch.equal(m.loss(logp, logp_old, adv, mask), m.loss(logp, logp_old, adv, mask.double()))
@@ -90,7 +90,7 @@ def test_extreme_log_ratios_give_finite_loss_and_gradients(name, agg, extreme):
     logp[0, :3] = logp_old[0, :3] + extreme
     logp[2, 0] = logp_old[2, 0] - extreme
     leaf = logp.requires_grad_(True)
-    loss = rlgates.get(name).loss(leaf, logp_old, adv, mask, agg)
+    loss = held(name).loss(leaf, logp_old, adv, mask, agg)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(leaf.grad).all()
 
@@ -101,7 +101,7 @@ def test_padding_with_nan_or_inf_is_ignored(name, agg):
     dirty[~mask] = torch.nan
     dirty_old = logp_old.clone()
     dirty_old[~mask] = -torch.inf
-    m = rlgates.get(name)
+    m = held(name)
     leaf = dirty.requires_grad_(True)
     loss = m.loss(leaf, dirty_old, adv, mask, agg)
     loss.backward()
@@ -116,7 +116,7 @@ def test_low_precision_keeps_float64_gate_decisions(name, dtype):
         logp = logp_old + 3e-4 * torch.randn_like(logp)
     # the same numbers in both precisions: round to `dtype` first, then lift to float64
     lo, lo_old, a = (x.to(dtype) for x in (logp, logp_old, adv))
-    m = rlgates.get(name)
+    m = held(name)
     leaf = lo.clone().requires_grad_(True)
     loss = m.loss(leaf, lo_old, a, mask)
     assert loss.dtype == torch.float32  # computed in float32 inside
@@ -134,7 +134,7 @@ def test_low_precision_keeps_float64_gate_decisions(name, dtype):
 def test_gate_decisions_on_low_precision_ratios_match_float64(name):
     ratio = torch.linspace(-1, 1, 2001, dtype=torch.float64).exp()
     adv = torch.linspace(-1, 1, 7, dtype=torch.float64)[:, None]
-    m = rlgates.get(name)
+    m = held(name)
     for dtype in (torch.bfloat16, torch.float16):
         r, a = ratio.to(dtype), adv.to(dtype)
         assert m.gate(r, a).dtype == torch.float32
@@ -143,7 +143,7 @@ def test_gate_decisions_on_low_precision_ratios_match_float64(name):
 
 def test_fully_masked_sequence_contributes_nothing(name, agg):
     logp, logp_old, adv, mask = make_batch()
-    m = rlgates.get(name)
+    m = held(name)
     changed = logp.clone()
     changed[1] += 5.0  # row 1 is fully masked
     assert torch.equal(m.loss(logp, logp_old, adv, mask, agg), m.loss(changed, logp_old, adv, mask, agg))
@@ -156,7 +156,7 @@ def test_fully_masked_sequence_contributes_nothing(name, agg):
 def test_fully_masked_batch_gives_zero_not_nan(name, agg):
     logp, logp_old, adv, mask = make_batch()
     leaf = logp.clone().requires_grad_(True)
-    loss = rlgates.get(name).loss(leaf, logp_old, adv, torch.zeros_like(mask), agg)
+    loss = held(name).loss(leaf, logp_old, adv, torch.zeros_like(mask), agg)
     loss.backward()
     assert loss.item() == 0.0 and (leaf.grad == 0).all()
 
@@ -164,7 +164,7 @@ def test_fully_masked_batch_gives_zero_not_nan(name, agg):
 def test_gradients_flow_into_logp_only(name):
     logp, logp_old, adv, mask = make_batch()
     leaves = [x.clone().requires_grad_(True) for x in (logp, logp_old, adv)]
-    rlgates.get(name).loss(*leaves, mask).backward()
+    held(name).loss(*leaves, mask).backward()
     assert leaves[0].grad is not None and leaves[1].grad is None and leaves[2].grad is None
 
 

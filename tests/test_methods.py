@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rlgates
-from tests.conftest import make_batch
+from tests.conftest import held, make_batch
 
 F64 = torch.float64
 
@@ -190,7 +190,7 @@ def test_reinforce_on_policy_is_the_plain_policy_gradient(agg):
 
 
 def test_gate_broadcasts(name):
-    m = rlgates.get(name)
+    m = held(name)
     ratio = torch.linspace(0.1, 6, 7, dtype=F64)[:, None]
     adv = torch.tensor([[-1.0, 0.5, 1.0]], dtype=F64)
     for fn in (m.gate, m.weight, m.signal, m.objective):
@@ -198,7 +198,7 @@ def test_gate_broadcasts(name):
 
 
 def test_low_precision_keeps_the_gate_decisions(name):
-    m = rlgates.get(name)
+    m = held(name)
     ratio = torch.tensor([0.5, 0.9, 1.1, 2.0, 4.0, 7.0])
     adv = torch.tensor([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0])
     ref = m.gate(ratio.double(), adv.double())
@@ -214,7 +214,7 @@ def test_planes_and_figures(name):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = rlgates.plane(name, n=21)
+    p = rlgates.plane(held(name), n=21)
     assert p.gate.shape == (21, 21) and p.signal.shape == (21, 21)
-    plt.close(rlgates.plot_gate_signal(name))
+    plt.close(rlgates.plot_gate_signal(held(name)))
 

@@ -9,7 +9,7 @@ import torch
 import rlgates
 from rlgates import lab
 from rlgates import offpolicy as op
-from tests.conftest import make_batch
+from tests.conftest import held, make_batch
 
 KINDS = ["tis", "mis", "icepop"]
 LEVELS = ["token", "sequence"]
@@ -109,7 +109,7 @@ def test_weight_carries_no_gradient():
 @pytest.mark.parametrize("per_token_weight", [True, False])
 def test_autograd_equals_closed_form_with_weight(name, agg, kind, level, per_token_weight):
     logp, logp_old, adv, mask = make_batch(seed=4, scale=0.5)
-    m = rlgates.get(name)
+    m = held(name)
     if m.level == "sequence":
         logp = logp_old + 3e-4 * torch.randn_like(logp)
     spread = 0.6 if level == "token" else 0.1  # keep some sequences inside the band
@@ -117,7 +117,7 @@ def test_autograd_equals_closed_form_with_weight(name, agg, kind, level, per_tok
     w = op.importance_weight(logp_old, behaviour, mask, kind, level=level)
     if not per_token_weight:
         w = w.amax(-1)  # a [B] weight
-    m = rlgates.get(name)
+    m = held(name)
     leaf = logp.clone().requires_grad_(True)
     (auto,) = torch.autograd.grad(m.loss(leaf, logp_old, adv, mask, agg, is_weight=w), leaf)
     closed = m.expected_grad(logp, logp_old, adv, mask, agg, is_weight=w)
@@ -151,7 +151,7 @@ def test_finite_differences_of_the_weighted_loss(name_):
 
 def test_unit_weight_is_the_method_loss(name):
     logp, logp_old, adv, mask = make_batch(seed=7)
-    m = rlgates.get(name)
+    m = held(name)
     ones = op.importance_weight(logp, logp, mask, "tis")
     assert torch.allclose(m.loss(logp, logp_old, adv, mask, is_weight=ones),
                           m.loss(logp, logp_old, adv, mask), rtol=1e-15, atol=0)

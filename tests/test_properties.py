@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlgates
-from tests.conftest import HARD, make_batch
+from tests.conftest import HARD, held, make_batch
 
 log_ratios = st.floats(-6, 6, allow_nan=False)
 advs = st.floats(-5, 5, allow_nan=False)
@@ -22,7 +22,7 @@ def t(x):
 @settings(max_examples=200, deadline=None)
 @given(log_ratios, advs, st.sampled_from(HARD))
 def test_hard_gates_are_zero_or_one(lr, a, name):
-    g = float(rlgates.get(name).gate(t(lr).exp(), t(a)))
+    g = float(held(name).gate(t(lr).exp(), t(a)))
     assert g in (0.0, 1.0)
 
 
@@ -75,7 +75,7 @@ def test_gspo_on_one_token_sequences_is_dapo(eps_low, eps_high, seed):
 @settings(max_examples=300, deadline=None)
 @given(log_ratios, advs, st.sampled_from(rlgates.names()))
 def test_signal_is_zero_where_gate_is_zero_and_is_gate_rho_a(lr, a, name):
-    m = rlgates.get(name)
+    m = held(name)
     ratio = t(lr).exp()
     g, s = m.gate(ratio, t(a)), m.signal(ratio, t(a))
     if g == 0:
@@ -87,7 +87,7 @@ def test_signal_is_zero_where_gate_is_zero_and_is_gate_rho_a(lr, a, name):
 @given(st.floats(-4, 4), advs, st.sampled_from(rlgates.names()))
 def test_gate_is_the_derivative_of_the_weight(lr, a, name):
     """f' by autograd on f equals the closed-form gate (at any ρ, kinks included)."""
-    m = rlgates.get(name)
+    m = held(name)
     ratio = t(lr).exp().requires_grad_(True)
     (dfdr,) = torch.autograd.grad(m.weight(ratio, t(a)), ratio)
     if a != 0:  # at A = 0 the gate is defined as 0 (the objective f·A is flat there)

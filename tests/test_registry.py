@@ -1,6 +1,7 @@
 """Adding a method is one class: a new gate defined here, registered, and then found everywhere
 (names, Table 1, the figures, the explorer data, the lab's default aggregation) and put through
-every generic test of tests/test_gradients.py without any other edit."""
+every generic test of tests/test_gradients.py without any other edit. A method that reads side
+information (an entropy, π_old, a batch statistic) is one class too (`EntropyBrake`)."""
 
 import math
 
@@ -14,6 +15,7 @@ import torch  # noqa: E402
 import rlgates  # noqa: E402
 from rlgates.explorer_data import explorer_data  # noqa: E402
 from tests import test_gradients as generic  # noqa: E402
+from tests.conftest import make_batch, side_for  # noqa: E402
 
 
 class HalfGaussian(rlgates.Method):
@@ -50,6 +52,38 @@ class HalfGaussian(rlgates.Method):
         s = self.hparams["sigma"]
         g = torch.exp(-((ratio - 1).clamp(min=0) ** 2) / (2 * s * s))
         return g * torch.ones_like(adv)
+
+
+class EntropyBrake(rlgates.Method):
+    """HalfGaussian's brake, its width set by each token's entropy: σ = s·(1 + H). It reads H,
+    which no (ρ, A) gives: a side input, declared in `side_inputs` and nowhere else."""
+
+    name, title, date = "entropy_brake", "Entropy brake", "a test"
+    paper = "none: a gate made up to test side information (no arXiv id)"
+    defaults = {"s": 0.3}
+    side_inputs = ("entropy",)
+    agg_source = "the base class's default, token-mean"
+    color = "#654321"
+    slider_ranges = {"s": (0.05, 2.0, 0.05)}
+    f_latex = r"\rho_t \wedge \big(1+\sigma\sqrt{\pi/2}\,\mathrm{erf}(\cdot)\big),\ \sigma=s(1+H_t)"
+    gate_latex = r"e^{-(\rho_t-1)_+^2/2\sigma^2}"
+    insight = "A brake on ratios above 1 that lets high-entropy tokens move further."
+
+    def _validate(self):
+        self.hparams["s"] = rlgates.methods._base._hparam(self.name, "s", self.hparams["s"],
+                                                         low=0, low_open=True)
+
+    def _sigma(self, side):
+        return self.hparams["s"] * (1 + side.entropy)
+
+    def _weight(self, ratio, adv, side):
+        s = self._sigma(side)
+        above = 1 + s * math.sqrt(math.pi / 2) * torch.erf((ratio - 1) / (s * math.sqrt(2)))
+        return torch.where(ratio > 1, above, ratio) * torch.ones_like(adv)
+
+    def _gate(self, ratio, adv, side):
+        s = self._sigma(side)
+        return torch.exp(-((ratio - 1).clamp(min=0) ** 2) / (2 * s * s)) * torch.ones_like(adv)
 
 
 @pytest.fixture
@@ -137,7 +171,9 @@ def test_shown_source_is_the_code_that_runs(registered):
         scope = dict(vars(sys.modules[fn.__module__]))
         exec(compile(text, f"<shown {name}>", "exec"), scope)
         shown[name] = scope["_gate"]
-        assert torch.equal(shown[name](m, ratio, adv), m.gate(ratio, adv)), name
+        side = side_for(m, torch.broadcast_shapes(ratio.shape, adv.shape), plane=True)
+        extra = (side.to(ratio),) if side is not None else ()  # a side-input gate's argument
+        assert torch.equal(shown[name](m, ratio, adv, *extra), m.gate(ratio, adv, side)), name
     # negative control: another method's shown gate gives other values on this grid
     sapo = rlgates.get("sapo")
     assert not torch.equal(shown["ppo"](rlgates.get("ppo"), ratio, adv), sapo.gate(ratio, adv))
@@ -161,3 +197,67 @@ def test_the_methods_package_exports_and_names_every_registered_class():
         assert re.search(rf"\b{name}\b", line), (name, line)
     # negative control: a made-up method is on no line
     assert not any(re.search(r"\bhalf_gauss\b", ln) for ln in lines)
+
+
+@pytest.fixture
+def brake():
+    rlgates.register(EntropyBrake)
+    yield "entropy_brake"
+    rlgates.unregister("entropy_brake")
+
+
+def test_a_side_input_method_is_one_class_too(brake):
+    """Registered, it passes every generic check with its entropy given, and the loss, gate,
+    expected_grad and check_gradient all take the same `side`."""
+    for agg in rlgates.AGG_MODES:
+        for per_token_adv in (False, True):
+            generic.test_autograd_equals_closed_form(brake, agg, 0, per_token_adv)
+        generic.test_is_weight_multiplies_the_gradient(brake, agg)
+    generic.test_finite_differences_of_f_times_a(brake)
+    generic.test_gate_is_the_derivative_of_the_weight(brake)
+    generic.test_default_aggregation_is_the_methods_own(brake)
+    assert brake in rlgates.names() and brake in rlgates.tables.methods_table()
+    # its entropy matters: a higher entropy opens the gate above ρ = 1 further
+    m = rlgates.get(brake)
+    ratio, adv = torch.tensor([1.5], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    low, high = (m.gate(ratio, adv, rlgates.SideInfo(entropy=h)) for h in (0.0, 2.0))
+    assert float(low) < float(high) < 1
+    logp, logp_old, adv, mask = make_batch(seed=3, scale=0.6)
+    side = side_for(m, logp.shape)
+    flat = rlgates.SideInfo(entropy=torch.zeros_like(logp))
+    assert not torch.allclose(m.expected_grad(logp, logp_old, adv, mask, side=side),
+                              m.expected_grad(logp, logp_old, adv, mask, side=flat))
+
+
+def test_a_missing_side_input_is_named(brake):
+    m = rlgates.get(brake)
+    logp, logp_old, adv, mask = make_batch(seed=3)
+    ratio = torch.ones(3, dtype=torch.float64)
+    calls = [lambda: m.loss(logp, logp_old, adv, mask),
+             lambda: m.expected_grad(logp, logp_old, adv, mask),
+             lambda: rlgates.check_gradient(m, logp, logp_old, adv, mask),
+             lambda: m.gate(ratio, ratio), lambda: m.weight(ratio, ratio, rlgates.SideInfo()),
+             lambda: rlgates.plot_gate_signal(brake)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"entropy_brake reads side information that was "
+                                             r"not given: sideinfo\.entropy"):
+            call()
+    with pytest.raises(ValueError, match="does not broadcast"):
+        m.gate(ratio, ratio, rlgates.SideInfo(entropy=torch.ones(2)))
+    with pytest.raises(ValueError, match="side must be an rlgates.SideInfo"):
+        m.gate(ratio, ratio, {"entropy": 1.0})
+    # a gate of (ρ, A) alone ignores side, given or not
+    ppo = rlgates.get("ppo")
+    assert torch.equal(ppo.gate(ratio, ratio, rlgates.SideInfo(entropy=1.0)),
+                       ppo.gate(ratio, ratio))
+
+
+def test_figures_hold_the_side_information_fixed_and_say_so(brake):
+    side = rlgates.SideInfo(entropy=1.5)
+    panels = rlgates.GatePanels(brake, side=side)
+    assert panels.caption.endswith("holding entropy = 1.5")
+    p = rlgates.plane(brake, side=side)
+    q = rlgates.plane(brake, side=rlgates.SideInfo(entropy=0.0))
+    assert (p.gate >= q.gate).all() and (p.gate > q.gate).any()
+    plt.close("all")
+

@@ -40,6 +40,7 @@ import torch
 
 from .. import _numerics as nx
 from .. import diagnostics
+from .._side import SideInfo
 from ..advantages import group_advantages
 from ..devices import on_accelerator
 from ..methods import get
@@ -182,7 +183,7 @@ def _has_is_weight(loss) -> bool:
         return False
 
 
-def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
+def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None, side=None):
     """Σ_r m.loss(run r) for [R, b, T] inputs: each run's own loss, added up.
 
     One call on the R·b rows. Within run r, its own aggregation weight is the merged batch's
@@ -190,10 +191,16 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
     seq-mean modes) of all runs and N_r those of run r. Passing that constant (times
     `is_weight`) as the loss's per-token weight makes the merged loss equal the sum of the
     per-run losses, for every aggregation mode (tested). A method whose loss takes no
-    `is_weight` (a hand-written object) is called run by run.
+    `is_weight` (a hand-written object), or that reads side information (its batch statistics
+    must stay each run's own), is called run by run, with run r's part of `side` (a SideInfo
+    over [R, b, T]); a side field nobody gave raises the method's ValueError, which names it.
     """
     mask = nx.check_mask(mask, logp.shape, logp.device)
     R = logp.shape[0]
+    if getattr(m, "side_inputs", ()):  # its batch statistics (a covariance, a pick) are per run
+        w = [None] * R if is_weight is None else is_weight
+        return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg, is_weight=w[r],
+                          side=_run_side(side, r)) for r in range(R))
     if not _takes_is_weight(m):
         if is_weight is not None:
             raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
@@ -203,6 +210,37 @@ def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None):
         w = w * is_weight
     flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
     return m.loss(flat(logp), flat(logp_old), flat(adv), flat(mask), agg, is_weight=flat(w))
+
+
+def _run_side(side, r):
+    """Run r's part of a SideInfo over [R, b, T] (None stays None)."""
+    if side is None:
+        return None
+    return side.replace(**{n: getattr(side, n)[r] for n in side.given()})
+
+
+_DRAW_SEED = 7_777_777  # offsets a run's seed for its draws' generator, apart from its rollouts'
+
+#: The side information the lab gives a method that reads some (`Method.side_inputs`); a field
+#: not here (and not derived from the batch by the loss itself) raises the method's ValueError.
+LAB_SIDE = {
+    "entropy": "the policy's entropy at each token, from its full distribution",
+    "sampler_logp": "the behaviour policy's log-probs (the lab samples with the policy itself: "
+                    "no engine mismatch)",
+    "draw": "uniform keys from a generator of each run's own, apart from its rollouts' (so that "
+            "a run's samples do not depend on the arms beside it), for a loss that picks "
+            "tokens at random",
+}
+
+
+@torch.no_grad()
+def lab_side(ent, behaviour_logp, generators):
+    """The lab's SideInfo, [R, b, T] fields (`LAB_SIDE`), from the policy's entropy `ent` and
+    the behaviour log-probs; run r's draw from generators[r]."""
+    draw = torch.stack([torch.rand(ent.shape[1:], generator=g, device=g.device,
+                                   dtype=ent.dtype) for g in generators])
+    return SideInfo(entropy=ent, sampler_logp=behaviour_logp.to(ent.dtype).clamp(max=0),
+                    draw=draw)
 
 
 def _adam(params, lr):
@@ -295,27 +333,35 @@ def _rollout_info(step, version, batch):
             "tokens": one(batch.tokens), "logp_behaviour": one(batch.logp)}
 
 
-def _arms_loss(plan, weighted, logp, logp_old, adv, mask, is_w):
+def _rows_side(side, rows):
+    """The SideInfo of some runs' rows (None stays None)."""
+    if side is None:
+        return None
+    return side.replace(**{n: getattr(side, n)[rows] for n in side.given()})
+
+
+def _arms_loss(plan, weighted, logp, logp_old, adv, mask, is_w, side=None):
     """Every arm's summed loss on its own rows, added: one backward serves them all."""
     return torch.stack([
         summed_loss(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows], mask[a.rows], a.agg,
-                    is_weight=is_w[a.rows] if wt else None)
+                    is_weight=is_w[a.rows] if wt else None, side=_rows_side(side, a.rows))
         for a, wt in zip(plan, weighted, strict=True)]).sum()
 
 
-def _arms_stats(plan, weighted, logp, logp_old, adv, mask, ent, is_w, batch, group):
+def _arms_stats(plan, weighted, logp, logp_old, adv, mask, ent, is_w, batch, group, side=None):
     """diagnostics.step_stats on every arm's own rows, joined: {key: [R]}."""
     stats = [diagnostics.step_stats(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows],
                                     mask[a.rows], ent[a.rows], a.agg,
                                     is_weight=is_w[a.rows] if wt else None,
-                                    rewards=batch.rewards[a.rows], group=group)
+                                    rewards=batch.rewards[a.rows], group=group,
+                                    side=_rows_side(side, a.rows))
              for a, wt in zip(plan, weighted, strict=True)]
     return {k: torch.cat([s[k] for s in stats]) for k in stats[0]}
 
 
-def _keep(kept, m, logp, logp_old, adv, mask):
+def _keep(kept, m, logp, logp_old, adv, mask, side=None):
     """keep_log_ratios: append, per run, the token log ρ and (gate, A) of the real tokens."""
-    b = diagnostics.Batch(m, logp, logp_old, adv, mask)
+    b = diagnostics.Batch(m, logp, logp_old, adv, mask, side=side)
     gate = b.gate if callable(getattr(m, "gate", None)) else None
     for r, (log_ratios, gates) in enumerate(kept):
         real = b.mask[r]
@@ -468,6 +514,8 @@ def _train(plan, cfg, seeds, keep, hook, show):
     runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
     rows, kept, updates = [], [([], []) for _ in all_seeds], 0
+    reads_side = any(getattr(a.m, "side_inputs", ()) for a in plan)
+    draws = [torch.Generator(device=dev).manual_seed(s + _DRAW_SEED) for s in all_seeds]
     for step in range(cfg.steps):
         # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
         if lag:
@@ -487,8 +535,10 @@ def _train(plan, cfg, seeds, keep, hook, show):
                 tok, at = batch.tokens[runs, idx], _take(runs, idx)
                 logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
                 logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
+                side = (lab_side(entropy(logits.detach()), at(batch.logp), draws)
+                        if reads_side else None)
                 loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
-                                  at(batch.mask), at(is_w))
+                                  at(batch.mask), at(is_w), side)
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
@@ -498,20 +548,25 @@ def _train(plan, cfg, seeds, keep, hook, show):
                     history.append(policy.state())
                 if hook is not None:
                     hook("update", {"update": updates, "policy": policy})
-                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm[:, None]))
+                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm[:, None],
+                             at(batch.logp)))
 
         # METRICS: observation only; each run's row, over all the tokens its updates saw
-        idx, logp, ent, norms = (torch.cat(x, 1) for x in zip(*seen, strict=True))
+        idx, logp, ent, norms, sampled = (torch.cat(x, 1) for x in zip(*seen, strict=True))
         at = _take(runs, idx)
         seen_by = logp, at(logp_old), at(batch.adv), at(batch.mask)  # what each update saw
+        # the gate each side-input method saw is recomputed over the step's tokens (its batch
+        # statistics those of the whole step, not of each minibatch); its draw is a fresh one
+        side = lab_side(ent, sampled, draws) if reads_side else None
         stale = [float(updates - v - (norms.shape[1] + 1) / 2) for v in versions]
         rows.append({"step": torch.full((R,), float(step)),
-                     **_arms_stats(plan, weighted, *seen_by, ent, at(is_w), batch, cfg.group),
+                     **_arms_stats(plan, weighted, *seen_by, ent, at(is_w), batch, cfg.group,
+                                   side),
                      "rare": batch.right[..., rare].float().mean((1, 2)),
                      "grad_norm": norms.mean(1),
                      "staleness": torch.tensor(stale).repeat_interleave(len(seeds))})
         for a in plan if keep else ():
-            _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by))
+            _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by), _rows_side(side, a.rows))
         if show:
             show(step, rows[-1])
     return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept

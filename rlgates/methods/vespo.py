@@ -57,9 +57,11 @@ class VESPO(Method):
 
     The sampler. VESPO's w is the ratio to the policy that sampled the response. When the
     sampler is not π_old (vLLM's log-probs differ from the trainer's), TRL folds its own
-    per-token correction π_old/π_sampler (`importance_sampling_ratio`, truncated or masked by
-    `vllm_importance_sampling_mode`, which must be a token mode) into log w, and does not
-    multiply it into the loss again. Here w is π/π_old: the sampler is π_old.
+    per-token correction c_t = π_old/π_sampler (`importance_sampling_ratio`, truncated or
+    masked by `vllm_importance_sampling_mode`, which must be a token mode) into log w, and does
+    not multiply it into the loss again. VESPO reads `logp_old` only through w, so no extra
+    input is needed: pass the sampler's log-probs as `logp_old` (w = π/π_sampler), or
+    `logp_old − log c` for TRL's truncated fold exactly (tests/test_conformance_trl.py).
     """
 
     name, title, date, order = "vespo", "VESPO", "February 2026", 21

@@ -130,7 +130,7 @@ def _local_count(mask, agg):
 
 
 def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=None,
-         is_weight=None):
+         is_weight=None, side=None):
     """`method.loss` with a trainer's denominators: value and gradient, exactly.
 
     norm: the count the outer mean divides by. token-mean: a number of tokens (the global token
@@ -140,13 +140,15 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
     length: seq-mean-token-sum-norm's constant (Dr. GRPO's generation budget); None keeps T.
 
     is_weight: passed to `method.loss` (a constant per-token factor, such as verl's rollout
-        correction weights).
+        correction weights). side: passed to `method.loss` (an rlgates.SideInfo, for a method
+        with side inputs the batch does not give).
 
     Summing `loss(..., norm=N)` over micro-batches that together hold N tokens gives the
     full batch's token-mean, whatever the split (tests/test_trainers.py checks it).
     """
     agg = agg or method.agg
-    out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight)
+    kw = {"side": side} if side is not None else {}  # a hand-written loss need not take it
+    out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight, **kw)
     if norm is None and length is None:
         return out
     m = nx.check_mask(mask, logp.shape, logp.device)
@@ -170,12 +172,14 @@ def _detached_inputs(logp, logp_old, adv, mask):
     return lp, old, (a[:, None] if a.dim() == 1 else a).expand_as(lp), m
 
 
-def gate_stats(method, logp, logp_old, adv, mask):
+def gate_stats(method, logp, logp_old, adv, mask, side=None):
     """rlgates' own diagnostics of one micro-batch, for a trainer's logs: {key: float} for every
     key `rlgates.diagnostics` registers with log=True whose inputs a loss sees (`gate_mean`, the
     mean f' over the real tokens with A ≠ 0, and `gate_zero`, the share of them the gate shuts,
-    at the ratio the gate sees). They are not verl's pg_clipfrac (see rlgates.trainers.verl)."""
-    stats = diagnostics.step_stats(method, logp, logp_old, adv, mask,
+    at the ratio the gate sees). They are not verl's pg_clipfrac (see rlgates.trainers.verl).
+    side: the SideInfo of a method with side inputs; a gate whose fields are missing is left
+    out, as any diagnostic whose input is missing."""
+    stats = diagnostics.step_stats(method, logp, logp_old, adv, mask, side=side,
                                    keys=diagnostics.keys(logged=True), skip_missing=True)
     return diagnostics.as_floats(stats)
 

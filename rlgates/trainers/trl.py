@@ -38,6 +38,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import _numerics as nx
+from .._side import SideInfo
 from ..methods.vespo import LOG_W_MAX, LOG_W_MIN
 from . import _detached_inputs, conformance_trl, flags, gate_stats, loss
 
@@ -78,7 +79,8 @@ REFUSED = (
 
 
 def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_length=None,
-             num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1):
+             num_items_in_batch=None, num_processes=1, grad_accum=1, steps_per_generation=1,
+             side=None):
     """The rlgates method's loss, normalised as TRL 1.16 normalises `loss_type`.
 
     grpo, sapo, luspo: the mean over *every* row of the micro-batch, fully masked rows
@@ -87,6 +89,7 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
     dr_grpo: Σ over tokens / (rows × max_completion_length), divided by the accumulation steps;
     dapo, cispo, vespo: Σ over tokens / (num_items_in_batch / num_processes × grad_accum /
         steps_per_generation): the generation batch's global token count, scaled to one step.
+    side: the SideInfo of a method with side inputs (`side_info`).
     """
     if loss_type not in TRL_AGG:
         raise ValueError(f"loss_type {loss_type!r} has no rlgates mapping; use one of "
@@ -98,14 +101,15 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
             n = nx.check_mask(mask, logp.shape, logp.device).sum()
         norm = (torch.as_tensor(n).clamp(min=1.0) / num_processes
                 * grad_accum / steps_per_generation)
-        return loss(method, logp, logp_old, adv, mask, agg, norm=norm)
+        return loss(method, logp, logp_old, adv, mask, agg, norm=norm, side=side)
     norm = None if loss_type == "bnpo" else logp.shape[0]
     length = None
     if loss_type == "dr_grpo":
         if max_completion_length is None:
             raise ValueError("dr_grpo needs max_completion_length (TRL's constant normaliser)")
         length = max_completion_length
-    return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length) / grad_accum
+    return loss(method, logp, logp_old, adv, mask, agg, norm=norm, length=length,
+                side=side) / grad_accum
 
 
 class _Processes:
@@ -173,11 +177,24 @@ TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip, "l
                "cispo": _cispo, "sapo": _sapo, "vespo": _vespo}
 
 
-def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -> dict:
+def side_info(method, entropy=None, sampler_logp=None):
+    """The SideInfo TRL's loss step can give a method with side inputs (None for one without):
+    the per-token entropies it computes and, when vLLM sampled the completions, the engine's
+    log-probs (`sampling_per_token_logps`). The loss derives the rest from the batch."""
+    if not getattr(method, "side_inputs", ()):
+        return None
+    if sampler_logp is not None:  # an engine's rounding may leave a log-prob a hair above 0
+        sampler_logp = sampler_logp.detach().clamp(max=0)
+    fields = {"entropy": entropy, "sampler_logp": sampler_logp}
+    return SideInfo(**{k: v.detach() for k, v in fields.items() if v is not None})
+
+
+def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None,
+            side=None) -> dict:
     """The adapter's metrics for one micro-batch, reduced over `accelerator`'s processes as TRL
     reduces them: TRL's clip metrics where `method` has a TRL built-in (at the method's own
     settings), TRL's `entropy` when the per-token entropies are given, rlgates' gate statistics
-    always."""
+    always (a side-input method's at `side`)."""
     procs = _Processes(accelerator)
     out = {}
     f = flags(method)["trl"]
@@ -193,7 +210,7 @@ def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None) -
             out.update(TRL_METRICS[f["loss_type"]](nx.ratio_from_log(lr), a, m, f, procs))
         if entropy is not None:
             out["entropy"] = _global_mean(entropy.detach(), m, procs)
-        for k, v in gate_stats(method, logp, logp_old, adv, mask).items():
+        for k, v in gate_stats(method, logp, logp_old, adv, mask, side).items():
             v = procs.gather(torch.tensor([v], device=logp.device)).mean().item()
             out[f"rlgates/{k}"] = v
     return out
@@ -274,6 +291,7 @@ class RlgatesGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # num_iterations=1: ρ ≡ 1
         adv = inputs["advantages"]
+        side = side_info(self.method, entropy, inputs.get("sampling_per_token_logps"))
         train = self.model.training
         out = trl_loss(
             self.method, logp, old, adv, mask, self.loss_type,
@@ -282,12 +300,14 @@ class RlgatesGRPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if train else 1,
             steps_per_generation=self.args.steps_per_generation if train else 1,
+            side=side,
         )
         mode = "train" if train else "eval"
-        for k, v in metrics(self.method, logp, old, adv, mask, entropy, self.accelerator).items():
+        for k, v in metrics(self.method, logp, old, adv, mask, entropy, self.accelerator,
+                            side).items():
             self._metrics[mode][k].append(v)
         return out.to(logp.dtype)
 
 
 __all__ = ["REFUSED", "TRL_AGG", "TRL_METRICS", "RlgatesGRPOTrainer", "builtin_loss", "metrics",
-           "trl_loss"]
+           "side_info", "trl_loss"]

@@ -1,0 +1,168 @@
+"""Side information: what a loss reads beyond the ratio ρ and the advantage A.
+
+Most methods are a gate f'(ρ; A). Some read more: DPPO's mask reads π_old itself, Clip-Cov and
+KL-Cov pick tokens by a batch covariance, an entropy mask reads each token's entropy. Such a
+method names the fields it reads in `Method.side_inputs`, and every function of a method
+(`loss`, `gate`, `weight`, `signal`, `objective`, `grad_coefficient`, `expected_grad`,
+`rlgates.check_gradient`) takes them alike, as one typed argument `side=SideInfo(...)`.
+
+    >>> side = rlgates.SideInfo(probs_old=torch.full((4, 8), 0.9))
+    >>> rlgates.get("dppo_tv").gate(ratio, adv, side)     # the gate at these π_old
+
+In `loss` and `expected_grad` the fields the batch itself gives are derived when not passed
+(`from_batch`): `probs_old` = exp(logp_old) and `cov` from (logp, adv, mask). The caller
+supplies the rest; a field a method needs and nobody gave raises a ValueError that names the
+method and the field. A method with no `side_inputs` ignores `side`.
+
+On the plane (`gate(ratio, adv, side)`, the figures) the side information is held fixed while
+ρ and A vary: each figure of such a method says which values it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from . import _numerics as nx
+
+#: field → what it holds and its range (the errors and the API page quote it)
+FIELDS = {
+    "probs_old": "π_old of each sampled token, in (0, 1]",
+    "entropy": "the policy's entropy at each token, ≥ 0",
+    "sampler_logp": "the rollout engine's log-prob of each token, ≤ 0",
+    "cov": "each token's centred covariance term (log π − mean log π)·(A − mean A), means over "
+           "the batch's real tokens",
+    "draw": "a random key per token in [0, 1]: where a loss picks tokens at random it takes "
+            "those with the smallest keys (a random permutation's law), so a given draw "
+            "makes the pick reproducible",
+    "picked": "1 (or True) on the tokens a batch-level rule singled out, else 0",
+}
+
+
+@dataclass(frozen=True)
+class SideInfo:
+    """Per-token inputs of a loss beyond (ρ, A); each optional, each a tensor broadcastable to
+    the [B, T] batch (a Python number is taken as a 0-d tensor). Validated when made: finite,
+    and in the range `FIELDS` states; padding must hold a valid value too (0 for `cov`, 1 for
+    `probs_old`)."""
+
+    probs_old: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
+    cov: torch.Tensor | None = None
+    draw: torch.Tensor | None = None
+    picked: torch.Tensor | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, _checked(f.name, value))
+
+    def given(self) -> tuple[str, ...]:
+        """The names of the fields that hold a value."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
+
+    def replace(self, **values) -> SideInfo:
+        """A copy with some fields set (validated like the constructor's)."""
+        return replace(self, **values)
+
+    def to(self, like: torch.Tensor, shape=None) -> SideInfo:
+        """Every field in `like`'s dtype and device; with `shape`, each checked to broadcast to
+        it (the error names the field)."""
+        out = {}
+        for name in self.given():
+            value = getattr(self, name)
+            if shape is not None:
+                try:
+                    nx.broadcast_shape(value.shape, tuple(shape))
+                except RuntimeError:
+                    raise ValueError(f"sideinfo.{name} has shape {tuple(value.shape)}, which "
+                                     f"does not broadcast to the batch's {tuple(shape)}") from None
+            dtype = like.dtype if value.dtype != torch.bool else torch.bool
+            out[name] = value.to(device=like.device, dtype=dtype)
+        return replace(self, **out) if out else self
+
+    def __repr__(self):
+        given = ", ".join(f"{n}=<{tuple(getattr(self, n).shape)}>" for n in self.given())
+        return f"rlgates.SideInfo({given})"
+
+
+def _checked(name, value):
+    t = torch.as_tensor(value)
+    if name == "picked":
+        if t.dtype != torch.bool:
+            bad = (t != 0) & (t != 1)
+            if bool(bad.any()):
+                raise ValueError(f"sideinfo.picked must be bool or hold only 0 and 1, got "
+                                 f"{_sample(t[bad])}")
+            t = t == 1
+        return t.detach()
+    if t.dtype == torch.bool or not (t.is_floating_point() or t.dtype in _INTS):
+        raise ValueError(f"sideinfo.{name} must be a real tensor or number, got dtype {t.dtype}")
+    if not t.is_floating_point():
+        t = t.to(torch.get_default_dtype())
+    t = t.detach()
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"sideinfo.{name} must be finite, got {_sample(t[~torch.isfinite(t)])}")
+    bad = {"probs_old": (t <= 0) | (t > 1), "entropy": t < 0, "sampler_logp": t > 0,
+           "draw": (t < 0) | (t > 1)}.get(name)
+    if bad is not None and bool(bad.any()):
+        raise ValueError(f"sideinfo.{name} must be {_RANGE[name]}, got {_sample(t[bad])}")
+    return t
+
+
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_RANGE = {"probs_old": "in (0, 1]", "entropy": "≥ 0", "sampler_logp": "≤ 0",
+          "draw": "in [0, 1]"}
+
+
+def _sample(t):
+    """A short account of offending values for an error message."""
+    vals = t.flatten()[:3].tolist()
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in vals) + (
+        ", …" if t.numel() > 3 else "")
+
+
+def batch_cov(logp, adv, mask):
+    """[B, T] the centred covariance term (log π − mean log π)·(A − mean A) of each token, the
+    means over the real tokens (Clip-Cov and KL-Cov, Cui et al. 2025, arXiv:2505.22617, as verl
+    computes it); 0 on padding. No gradient: it only picks tokens."""
+    logp, adv = logp.detach(), adv.detach().expand_as(logp)
+    n = mask.sum().clamp(min=1)
+    logp = torch.where(mask, logp, 0.0)
+    adv = torch.where(mask, adv, 0.0)
+    centred_logp = logp - logp.sum() / n
+    centred_adv = adv - adv.sum() / n
+    return torch.where(mask, centred_logp * centred_adv, 0.0)
+
+
+class MissingSide(ValueError):
+    """A method reads a side field nobody gave (a ValueError; `.field` names it)."""
+
+    def __init__(self, method: str, field: str, message: str):
+        super().__init__(message)
+        self.method, self.field = method, field
+
+
+def from_batch(side, logp, logp_old, adv, mask, needed) -> SideInfo:
+    """`side` with the fields in `needed` that the batch gives filled in where not passed:
+    `probs_old` = exp(logp_old) (1 on padding) and `cov` (`batch_cov`)."""
+    side = SideInfo() if side is None else side
+    derived = {}
+    if "probs_old" in needed and side.probs_old is None:
+        derived["probs_old"] = torch.where(mask, logp_old.detach(), 0.0).exp()
+    if "cov" in needed and side.cov is None:
+        derived["cov"] = batch_cov(logp, adv, mask)
+    return side.replace(**derived) if derived else side
+
+
+def checked_side(side) -> SideInfo | None:
+    """`side` if it is None or a SideInfo; a clear error otherwise (no dicts, no kwargs)."""
+    if side is None or isinstance(side, SideInfo):
+        return side
+    raise ValueError(f"side must be an rlgates.SideInfo or None, got {type(side).__name__}")
+
+
+__all__ = ["FIELDS", "MissingSide", "SideInfo", "batch_cov", "from_batch"]
