@@ -634,6 +634,24 @@ def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
     torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
 
 
+def test_trl_flags_of_dapo_dual_clip(probe_model):
+    """TRL's dapo loss with delta = c is dual-clip on DAPO's window (c > 1 + ε_h): the A < 0
+    token at ρ = 4 is capped at c = 3; DAPO's flags alone do not cap it."""
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo_dual_clip", eps_low=0.2, eps_high=0.3)
+    v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
+    leaf = logp.clone().requires_grad_(True)
+    ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
+    ours.backward()
+    assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
+    torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+    v_dapo, _ = trl_grad(probe_model, logp, old, adv, mask,
+                         **rt.flags(rlgates.get("dapo", eps_low=0.2, eps_high=0.3))["trl"])
+    assert abs(v - v_dapo) > 1e-3
+    assert rt.flags(rlgates.get("dapo_dual_clip", c=1.25))["trl"] is None  # δ would cap A > 0
+
+
 def test_trl_conventions_that_differ(probe_model):
     one = torch.ones(1, 1, dtype=torch.bool)
     zero = torch.zeros(1, 1, dtype=torch.float64)
