@@ -116,7 +116,7 @@ class VESPO(Method):
 
     def phi(self, ratio, adv):
         """φ(w; A) = e^λ·w^k·e^{−λw}: the detached weight on A·∇log π (the signal over A)."""
-        ratio, adv = self._lift(ratio, adv)
+        ratio, adv, _ = self._lift(ratio, adv)
         return _phi_log(torch.log(ratio), *_shape(adv, self.hparams))
 
     def peak(self, positive=True):
