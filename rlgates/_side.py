@@ -90,7 +90,10 @@ class SideInfo:
 
 
 def _checked(name, value):
-    t = torch.as_tensor(value)
+    # a Python number is kept in float64 (torch's default float32 would round π_old = 0.9);
+    # `to` casts each field to the batch's dtype when it is used
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(
+        value, dtype=None if isinstance(value, bool) else torch.float64)
     if name == "picked":
         if t.dtype != torch.bool:
             bad = (t != 0) & (t != 1)
@@ -127,15 +130,15 @@ def _sample(t):
 
 def batch_cov(logp, adv, mask):
     """[B, T] the centred covariance term (log π − mean log π)·(A − mean A) of each token, the
-    means over the real tokens (Clip-Cov and KL-Cov, Cui et al. 2025, arXiv:2505.22617, as verl
-    computes it); 0 on padding. No gradient: it only picks tokens."""
+    means over the real tokens (Clip-Cov and KL-Cov, Cui et al. 2025, arXiv:2505.22617),
+    computed as verl's kl_cov does, on the flat list of real tokens; 0 on padding. No gradient:
+    it only picks tokens."""
     logp, adv = logp.detach(), adv.detach().expand_as(logp)
-    n = mask.sum().clamp(min=1)
-    logp = torch.where(mask, logp, 0.0)
-    adv = torch.where(mask, adv, 0.0)
-    centred_logp = logp - logp.sum() / n
-    centred_adv = adv - adv.sum() / n
-    return torch.where(mask, centred_logp * centred_adv, 0.0)
+    real_logp, real_adv = logp[mask], adv[mask]
+    cov = torch.zeros_like(logp)
+    if real_logp.numel():
+        cov[mask] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
+    return cov
 
 
 class MissingSide(ValueError):

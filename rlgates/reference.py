@@ -138,8 +138,8 @@ def vespo_loss(logp, logp_old, adv, mask, agg, k_pos=2.0, lambda_pos=3.0, k_neg=
 #: is GSPO's; its length factor is its aggregation (seq-mean-token-sum).
 REFERENCES = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss,
               "dual_clip": dual_clip_loss, "cispo": cispo_loss, "reinforce": reinforce_loss,
-              "dapo_dual_clip": decoupled_dual_clip_loss, "gmpo": gmpo_loss, "gpg": gpg_loss,
-              "dro": dro_loss, "luspo": gspo_loss, "vespo": vespo_loss}
+              "luspo": gspo_loss, "vespo": vespo_loss, "dapo_dual_clip": decoupled_dual_clip_loss,
+              "gmpo": gmpo_loss, "gpg": gpg_loss, "dro": dro_loss}
 
 
 def reference_loss(name, logp, logp_old, adv, mask, agg, **hparams):

@@ -14,6 +14,7 @@ for per-token advantages. The comparisons could fail:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -21,6 +22,8 @@ import pytest
 import torch
 
 import rlgates
+from rlgates import _numerics as nx
+from rlgates.methods import CISPO, SAPO, EntropyMask, OffPolicyMask
 from rlgates.trainers import conformance, conformance_trl
 from tests import conformance_batch as cb
 
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.xdist_group("trainers")  # one worker imports TRL (see 
 
 ROWS = conformance_trl.trl_rows()
 LOSS_ROWS = [r for r in ROWS if r.settings["loss_type"] == r.name]
+KNOBS = {r.name: r for r in ROWS if r.settings["loss_type"] != r.name}
 IDS = [f"{r.name}:{r.method}" for r in LOSS_ROWS]
 TIGHT = 1e-12
 
@@ -72,12 +76,12 @@ def trl_loss(trl, settings, b, adv, **kw):
     return value.detach(), leaf.grad
 
 
-def rlgates_loss(trl, row, b, adv, method=None, logp_old=None):
+def rlgates_loss(trl, row, b, adv, method=None, logp_old=None, side=None):
     """(value, gradient) of the row's method (or `method`) under TRL's normaliser."""
     m = method or rlgates.get(row.method, **row.hparams)
     leaf = b.leaf()
     value = trl.rtrl.trl_loss(m, leaf, b.logp_old if logp_old is None else logp_old, adv,
-                              b.mask, row.name,
+                              b.mask, row.settings["loss_type"], side=side,
                               max_completion_length=row.settings.get("max_completion_length"))
     value.backward()
     return value.detach(), leaf.grad
@@ -101,10 +105,16 @@ def assert_equal(ours, theirs):
 @pytest.mark.parametrize("per_token", [False, True], ids=["adv_row", "adv_token"])
 @pytest.mark.parametrize("row", LOSS_ROWS, ids=IDS)
 def test_trl_row_equals_its_method(trl, batch, row, per_token):
-    if per_token and row.method in ("luspo",):
-        pytest.skip("one advantage per response only (the row's note)")
     adv = batch.adv_tokens if per_token else batch.adv
     theirs = trl_loss(trl, row.settings, batch, adv)
+    if per_token and row.method == "luspo":  # the row's note: TRL averages over the response
+        v, g = rlgates_loss(trl, row, batch, adv)
+        assert float(v) == pytest.approx(float(theirs[0]), rel=TIGHT)
+        m = batch.mask.to(g.dtype)
+        averaged = (g * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1) * m
+        torch.testing.assert_close(averaged, theirs[1], rtol=TIGHT, atol=1e-15)
+        assert (g - theirs[1]).abs().max() > 1e-3  # and the gradients do differ
+        return
     assert_equal(rlgates_loss(trl, row, batch, adv, method=in_trls_precision(row)), theirs)
     if row.method == "sapo":  # the row's own τ: TRL's float32 rounding shows, and only it
         v, g = rlgates_loss(trl, row, batch, adv)
@@ -266,3 +276,122 @@ def test_rows_are_well_formed_and_in_the_matrix():
         assert r in rows and r.trainer == "trl"
         assert r.method in rlgates.names() and r.agg in rlgates.AGG_MODES
         rlgates.get(r.method, **r.hparams)
+
+
+# --- the knobs that act like gates: a mask read from side information --------------------------
+def shifted_sampler(b, shifts=(0.3, 0.0, 0.25, 0.05)):
+    """A rollout engine's log-probs: π's, shifted up per row (cycled), so that the responses'
+    mean KL to the sampler lies on both sides of the rows' δ (capped at log 1)."""
+    shift = torch.tensor([shifts[i % len(shifts)] for i in range(b.logp.shape[0])],
+                         dtype=torch.float64)
+    return torch.clamp(b.logp + shift[:, None], max=0.0)
+
+
+def entropies(b, seed=0):
+    """Per-token entropies in [0, 3], multiples of 1/64: exact in float32, where TRL takes its
+    quantile, so the threshold rounds the same in both."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 193, b.logp.shape, generator=g).to(torch.float64) / 64
+
+
+def near_on_policy(row, delta=5e-4):
+    """The off-policy mask's row at a δ this batch's near-on-policy rows straddle: with the
+    sampler at π_old the KL is −log ρ_s, and only those rows' responses with A < 0 are both
+    dropped by the mask and open under DAPO's clip."""
+    return dataclasses.replace(row, settings={**row.settings, "off_policy_mask_threshold": delta},
+                               hparams={**row.hparams, "delta": delta})
+
+
+def knob_inputs(name, b, engine):
+    """(rlgates' SideInfo, builtin_loss's keywords) for a knob row on batch b."""
+    if name == "off_policy_mask_threshold":
+        if not engine:  # TRL's sampler is then π_old, and rlgates' default too
+            return None, {}
+        s = shifted_sampler(b)
+        return rlgates.SideInfo(sampler_logp=s), {"extra_inputs": {"sampling_per_token_logps": s}}
+    h = entropies(b)
+    return rlgates.SideInfo(entropy=h), {"entropy": h}
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["adv_row", "adv_token"])
+@pytest.mark.parametrize("name, engine", [("off_policy_mask_threshold", False),
+                                          ("off_policy_mask_threshold", True),
+                                          ("top_entropy_quantile", False)])
+def test_trl_knob_row_equals_its_method(trl, batch, name, engine, per_token):
+    row = KNOBS[name]
+    if name == "off_policy_mask_threshold" and not engine:
+        row = near_on_policy(row)
+    adv = batch.adv_tokens if per_token else batch.adv
+    side, kw = knob_inputs(name, batch, engine)
+    theirs = trl_loss(trl, row.settings, batch, adv, **kw)
+    assert_equal(rlgates_loss(trl, row, batch, adv, side=side), theirs)
+    # not vacuous: the mask drops tokens the base loss (DAPO at the same ε) lets through
+    m = rlgates.get(row.method, **row.hparams)
+    dapo = rlgates.get("dapo", eps_low=row.hparams["eps_low"], eps_high=row.hparams["eps_high"])
+    _, g_base = rlgates_loss(trl, row, batch, adv, method=dapo)
+    dropped = batch.mask & (g_base != 0) & (theirs[1] == 0)
+    assert dropped.any() and ((theirs[1] != 0) & batch.mask).any()
+    picked = m.side_from_batch(*nx.check_loss_inputs(batch.logp, batch.logp_old, adv,
+                                                     batch.mask, row.agg), side).picked
+    assert torch.equal(dropped, batch.mask & (g_base != 0) & ~picked)
+    if name == "off_policy_mask_threshold" and not per_token:  # whole responses, A < 0 only
+        neg = (batch.adv < 0) & (batch.lengths > 0)
+        kept = picked.any(-1)
+        assert (neg & ~kept).any() and (neg & kept).any()
+        assert kept[(batch.adv >= 0) & (batch.lengths > 0)].all()
+
+
+def test_off_policy_mask_without_a_sampler_is_a_gate_of_the_sequence_ratio(batch):
+    """With the sampler at π_old the response's KL is −log ρ_s: the mask drops an A < 0 response
+    exactly when ρ_s < e^−δ (the plane's one-token reading agrees)."""
+    row = near_on_policy(KNOBS["off_policy_mask_threshold"])
+    m = rlgates.get(row.method, **row.hparams)
+    picked = m.side_from_batch(*nx.check_loss_inputs(batch.logp, batch.logp_old, batch.adv,
+                                                     batch.mask, row.agg), None).picked
+    rho_s = batch.seq_log_ratio().exp()
+    real = batch.lengths > 0
+    expected = real & ((batch.adv >= 0) | (rho_s >= math.exp(-m.hparams["delta"])))
+    assert torch.equal(picked.any(-1), expected)
+    assert (real & ~expected).any()  # some responses dropped
+    # the plane: a one-token response at ρ, sampled by π_old
+    m = rlgates.get(row.method, **KNOBS["off_policy_mask_threshold"].hparams)  # δ = 0.1
+    ratio = torch.tensor([0.85, 0.95, 1.2], dtype=torch.float64)
+    probs_old = torch.full_like(ratio, 0.4)
+    side = rlgates.SideInfo(sampler_logp=probs_old.log(), probs_old=probs_old)
+    neg = -torch.ones_like(ratio)
+    dapo = rlgates.get("dapo", eps_low=0.2, eps_high=0.28)
+    keep = (ratio >= math.exp(-m.hparams["delta"])).to(ratio.dtype)
+    torch.testing.assert_close(m.gate(ratio, neg, side), dapo.gate(ratio, neg) * keep)
+    assert float(keep.sum()) == 2  # 0.85 < e^−0.1 ≈ 0.905: dropped
+    torch.testing.assert_close(m.gate(ratio, -neg, side), dapo.gate(ratio, -neg))  # A > 0
+
+
+class SAPOWithOPSM(OffPolicyMask, SAPO):
+    """The off-policy mask on SAPO: one class (τ exact in float32, where TRL holds it)."""
+
+    name, title = "sapo_opsm", "OPSM (on SAPO)"
+    defaults = {"tau_pos": 1.0, "tau_neg": 1.25, "delta": 0.1}
+
+
+class CISPOWithTopEntropy(EntropyMask, CISPO):
+    """The top-entropy mask on CISPO: one class."""
+
+    name, title = "cispo_top_entropy", "Top-entropy tokens (on CISPO)"
+    defaults = {"eps_low": 1.0, "eps_high": 4.0, "top": 0.3}
+
+
+@pytest.mark.parametrize("cls, base_cls, knob, value", [
+    (SAPOWithOPSM, SAPO, "off_policy_mask_threshold", "delta"),
+    (CISPOWithTopEntropy, CISPO, "top_entropy_quantile", "top"),
+])
+def test_a_knob_on_another_loss_is_one_class(trl, batch, cls, base_cls, knob, value):
+    m = cls()
+    base = base_cls(**{k: v for k, v in m.hparams.items() if k != value})
+    settings = {**rlgates.trainers.flags(base)["trl"], knob: m.hparams[value]}
+    row = conformance.Row("trl", knob, settings, None, {}, conformance_trl.TRL_AGG[
+        settings["loss_type"]], note="a test row")
+    side, kw = knob_inputs(knob, batch, engine=True)
+    theirs = trl_loss(trl, settings, batch, batch.adv, **kw)
+    assert_equal(rlgates_loss(trl, row, batch, batch.adv, method=m, side=side), theirs)
+    _, g_base = rlgates_loss(trl, row, batch, batch.adv, method=base)
+    assert (batch.mask & (g_base != 0) & (theirs[1] == 0)).any()  # the mask acts

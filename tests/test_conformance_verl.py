@@ -248,6 +248,41 @@ def test_dro_is_gpg_plus_a_k2_penalty_to_pi_old(batch):
         assert zero.any() and (a.grad[zero] != 0).all()  # it moves A = 0 tokens
 
 
+def test_flags_at_another_aggregation_are_verls(verl, batch):
+    """`flags(m, agg=...)["verl"]` sets loss_agg_mode, and verl's own loss at those settings is
+    the method's loss at that aggregation, value and gradient, for every method with verl flags;
+    the losses that fix their aggregation (VERL_FIXED_AGG) give None for another, and verl's
+    function indeed ignores loss_agg_mode there (while vanilla's does not)."""
+    adv, checked = advantages(batch, False)[0], 0
+    for name in rlgates.names():
+        m = rlgates.get(name)
+        for agg in rlgates.AGG_MODES:
+            f = rt.flags(m, agg=agg)["verl"]
+            if f is None or name == "gmpo":  # gmpo's divisor: test_geo_mean_row
+                continue
+            row = conformance.Row("verl", f["loss_mode"], conformance_verl.verl_settings(f),
+                                  name, dict(m.hparams), agg)
+            rel = LOOSE if agg == "seq-mean-token-mean" or row.name == "gspo" else TIGHT
+            assert_equal(rlgates_loss(row, batch, batch.adv), verl_loss(verl, row, batch, adv),
+                         rel)
+            checked += 1
+        assert rt.flags(m, agg="token-mean", normaliser="micro-batch")["verl"] is None
+    assert checked >= 40
+    for mode, fixed in rt.VERL_FIXED_AGG.items():
+        (name,) = [n for n in rlgates.names()
+                   if (rt.flags(rlgates.get(n))["verl"] or {}).get("loss_mode") == mode]
+        other = next(a for a in rlgates.AGG_MODES if a != fixed)
+        assert rt.flags(rlgates.get(name), agg=other)["verl"] is None
+    for mode, name, expect_same in (("sapo", "sapo", True), ("geo_mean", "gmpo", True),
+                                    ("vanilla", "dapo", False)):
+        settings = conformance_verl.verl_settings(rt.flags(rlgates.get(name))["verl"])
+        values = set()
+        for agg in ("token-mean", "seq-mean-token-sum"):
+            row = conformance.Row("verl", mode, {**settings, "loss_agg_mode": agg}, name)
+            values.add(float(verl_loss(verl, row, batch, adv)[0]))
+        assert (len(values) == 1) == expect_same, mode
+
+
 def test_the_batch_is_hard(batch):
     cb.check(batch)  # also run by the fixture; here it is its own line in the report
 

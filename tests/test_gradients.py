@@ -121,14 +121,14 @@ def _needs_trainer_reference(name):
 
 def test_every_built_in_method_has_a_reference():
     plain = {n for n in METHODS if not _needs_trainer_reference(n)}
-    assert plain - {"ppo", "grpo"} == set(reference.REFERENCES)
+    assert plain - {"ppo", "grpo"} <= set(reference.REFERENCES) <= set(METHODS)
 
 
 @pytest.mark.parametrize("safety_eps, rtol", [(0.0, 1e-13), (1e-8, 1e-7)])
 @pytest.mark.parametrize("per_token_adv", [False, True])
 def test_values_and_gradients_equal_the_trainer_reference(name, agg, safety_eps, rtol,
                                                          per_token_adv):
-    if _needs_trainer_reference(name):
+    if _needs_trainer_reference(name) and name not in reference.REFERENCES:
         pytest.skip(f"{name}: checked against the trainer's own function (test_conformance_*)")
     logp, logp_old, adv, mask = make_batch(seed=4, scale=1.2, per_token_adv=per_token_adv)
     m = rlgates.get(name)

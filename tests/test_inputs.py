@@ -52,9 +52,9 @@ def test_defaults_follow_the_papers():
     assert rlgates.get("sapo").hparams == {"tau_pos": 1.0, "tau_neg": 1.05}
     assert rlgates.get("sao").hparams == {"eps_low": 0.3, "eps_high": 5.0}
     levels = {n: rlgates.get(n).level for n in rlgates.names()}
-    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "gmpo", "luspo"]
-    assert rlgates.get("gmpo").hparams == {"eps_low": 0.4, "eps_high": 0.4}
+    assert [n for n, lv in levels.items() if lv == "sequence"] == ["gspo", "luspo", "gmpo"]
     assert [n for n, lv in levels.items() if lv == "sequence-product"] == ["vespo"]
+    assert rlgates.get("gmpo").hparams == {"eps_low": 0.4, "eps_high": 0.4}
 
 
 def test_bad_loss_inputs_name_the_argument():

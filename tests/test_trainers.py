@@ -634,6 +634,52 @@ def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
     torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
 
 
+def test_flags_reach_every_trl_loss_type(probe_model):
+    """`flags(m, agg=..., normaliser=...)` reaches each loss type the installed TRL documents
+    (bnpo and dr_grpo are aggregations of TRL's clip); each clip-family setting is TRL's own loss
+    of the method at that aggregation, value and gradient; a loss that fixes its aggregation
+    refuses another."""
+    from rlgates.trainers import conformance_trl
+
+    reached = {}
+    for name in rlgates.names():
+        m = rlgates.get(name)
+        for agg in rlgates.AGG_MODES:
+            for scope in rt.NORMALISERS:
+                f = rt.flags(m, agg=agg, normaliser=scope)["trl"]
+                if f:
+                    reached.setdefault(f["loss_type"], (name, agg))
+    assert set(reached) == set(conformance_trl.loss_types())
+    logp, old, adv, mask = verl_batch()
+    adv = adv[:, 0]
+    m = rlgates.get("dapo", eps_low=0.2, eps_high=0.3)
+    step_tokens = 2 * int(mask.sum())  # as if the step held a second micro-batch like this one
+    values = {}
+    for (agg, scope), loss_type in rt.TRL_LOSS_TYPE_FOR_AGG.items():
+        f = rt.flags(m, agg=agg, normaliser=scope)["trl"]
+        assert f["loss_type"] == loss_type and conformance_trl.TRL_AGG[loss_type] == agg
+        t = make_trainer(GRPOTrainer, probe_model, config(gradient_accumulation_steps=1,
+                                                          steps_per_generation=1, **f))
+        leaf = logp.clone().requires_grad_(True)
+        v = rtrl.builtin_loss(t, leaf, old, adv, mask, num_items_in_batch=step_tokens)
+        v.backward()
+        ref = leaf.grad
+        leaf = logp.clone().requires_grad_(True)
+        ours = rtrl.trl_loss(m, leaf, old, adv, mask, loss_type, max_completion_length=MAX_LEN,
+                             num_items_in_batch=step_tokens)
+        ours.backward()
+        assert float(ours.detach()) == pytest.approx(float(v.detach()), rel=1e-12), loss_type
+        torch.testing.assert_close(leaf.grad, ref, rtol=1e-12, atol=1e-14)
+        values[loss_type] = float(v.detach())
+    assert len(set(values.values())) == 5  # five aggregations, five losses on this batch
+    assert values["bnpo"] == pytest.approx(2 * values["dapo"], rel=1e-12)  # its own count
+    assert rt.flags(rlgates.get("sapo"), agg="token-mean")["trl"] is None
+    assert rt.flags(rlgates.get("cispo"), agg="token-mean", normaliser="micro-batch")["trl"] is None
+    for name in rlgates.names():  # a method's own aggregation changes nothing
+        m = rlgates.get(name)
+        assert rt.flags(m, agg=m.agg) == rt.flags(m), name
+
+
 def test_trl_flags_of_dapo_dual_clip(probe_model):
     """TRL's dapo loss with delta = c is dual-clip on DAPO's window (c > 1 + ε_h): the A < 0
     token at ρ = 4 is capped at c = 3; DAPO's flags alone do not cap it."""

@@ -11,6 +11,9 @@
     decoupled_dual_clip.py  DAPO's window with dual-clip's ceiling: dapo_dual_clip
     luspo.py        GSPO's gate, each response's loss times its length: luspo
     vespo.py        a smooth weight on the response's product ratio: vespo
+    masks.py        a mask read from side information, times DAPO's gate: opsm, top_entropy
+    dppo.py         a trust region on π − π_old (side input π_old): dppo_tv, dppo_kl
+    cov.py          tokens picked by the batch covariance (side input: the pick): clip_cov, kl_cov
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
@@ -18,11 +21,14 @@ table in rlgates, the book and the tests read the registry.
 
 from . import (  # noqa: F401  (registers them)
     clip,
+    cov,
     decoupled_dual_clip,
+    dppo,
     dro,
     gmpo,
     gpg,
     luspo,
+    masks,
     reinforce,
     smooth,
     vespo,
@@ -31,11 +37,14 @@ from . import (  # noqa: F401  (registers them)
 )
 from ._base import REGISTRY, Method, get, names, register, unregister
 from .clip import DAPO, GRPO, GSPO, PPO, DualClip, SignClip
+from .cov import ClipCov, KLCov
 from .decoupled_dual_clip import DecoupledDualClip
+from .dppo import DPPOKL, DPPOTV
 from .dro import DRO
 from .gmpo import GMPO
 from .gpg import GPG
 from .luspo import LUSPO
+from .masks import OPSM, EntropyMask, OffPolicyMask, TopEntropy
 from .reinforce import Reinforce
 from .smooth import SAPO
 from .vespo import VESPO
@@ -44,5 +53,7 @@ from .window import SAO
 
 # the classes in reading order (the API page follows it), then the registry's functions
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
-           "Reinforce", "GMPO", "GPG", "DRO", "DecoupledDualClip", "LUSPO", "VESPO",
+           "Reinforce", "LUSPO", "VESPO", "GMPO", "GPG", "DRO", "DecoupledDualClip",
+           "OffPolicyMask", "OPSM", "EntropyMask", "TopEntropy", "DPPOTV", "DPPOKL", "ClipCov",
+           "KLCov",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]

@@ -21,7 +21,7 @@ class DecoupledDualClip(DualClip):
     states this pair; it is what a verl user gets by setting DAPO's clip ratios alone.
     """
 
-    name, title, date, order = "dapo_dual_clip", "DAPO + dual-clip", "March 2025", 23
+    name, title, date, order = "dapo_dual_clip", "DAPO + dual-clip", "March 2025", 25
     chapter = 18
     article_row = None
     paper = ("Yu et al. 2025, DAPO, arXiv:2503.14476; with Ye et al. 2020's dual clip, "

@@ -37,7 +37,7 @@ class DRO(Method):
     at log ρ = A/β lies on the plane.
     """
 
-    name, title, date, order = "dro", "DRO", "May 2024", 22
+    name, title, date, order = "dro", "DRO", "May 2024", 24
     chapter = 18
     paper = ("Richemond et al. 2024, Offline Regularised Reinforcement Learning for Large "
              "Language Models Alignment, arXiv:2405.19107")
@@ -68,7 +68,11 @@ class DRO(Method):
 
     @staticmethod
     def _nonzero(adv):
-        return torch.where(adv == 0, torch.ones_like(adv), adv)  # no 0/0 in a dead branch
+        """A with 0 → 1 (a dead branch: no 0/0) and |A| at least the smallest normal float, so
+        that β/A stays finite (at a subnormal A the gate is astronomically large either way)."""
+        tiny = torch.finfo(adv.dtype).tiny
+        safe = torch.where(adv < 0, torch.clamp(adv, max=-tiny), torch.clamp(adv, min=tiny))
+        return torch.where(adv == 0, torch.ones_like(adv), safe)
 
     def _weight(self, ratio, adv):
         log_ratio = torch.log(ratio)

@@ -39,7 +39,7 @@ class GMPO(SignClip):
     defaults (clip_ratio 0.2) give the narrower window (e^−0.2, e^0.2).
     """
 
-    name, title, date, order, level = "gmpo", "GMPO", "July 2025", 20, "sequence"
+    name, title, date, order, level = "gmpo", "GMPO", "July 2025", 22, "sequence"
     chapter = 18
     paper = "Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv:2507.20673"
     defaults = {"eps_low": 0.4, "eps_high": 0.4}
@@ -98,3 +98,11 @@ class GMPO(SignClip):
         _, log_mean = self._log_weights(logp, logp_old, adv, mask)
         gate = self._gate(nx.ratio_from_log(log_ratio), adv)
         return gate * log_mean.exp()[:, None] * adv * inside
+
+    def token_gate(self, logp, logp_old, adv, mask=None, side=None):
+        """[B, T] each token's own gate f'(ρ_t; A): GMPO opens or shuts a token by its own
+        ratio (the response's ρ̄ only scales the signal), so diagnostics count those."""
+        logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask,
+                                                         self.agg)
+        ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))
+        return self._gate(ratio, adv).expand(logp.shape)

@@ -26,7 +26,7 @@ class GPG(CISPO):
     token-mean).
     """
 
-    name, title, date, order = "gpg", "GPG", "April 2025", 21
+    name, title, date, order = "gpg", "GPG", "April 2025", 23
     chapter = 18
     paper = ("Chu et al. 2025, GPG: A Simple and Strong Reinforcement Learning Baseline for Model "
              "Reasoning, arXiv:2504.02546")

@@ -49,7 +49,6 @@ class LUSPO(GSPO):
                 "importance_sampling_level": "sequence"},
     }
     color = "#7570b3"
-    explorer = None  # its gate is GSPO's: the explorer's gspo shows it
     gate_text = "GSPO's, at ρ_s; each response's loss × its length"
     insight = (
         "GSPO with the length put back: summing, not averaging, each response's tokens stops "

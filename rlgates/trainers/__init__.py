@@ -10,9 +10,10 @@ their trainer; this one imports neither, so it stays light:
 
 What lives here is shared by both (and `guard_notebook()`, for a notebook without the trainers):
 
-- `flags(m)`: the trainer settings that make a trainer's *built-in* loss compute `m` (the flag
-  table of the book's chapter 14, from each method class's `trainer_flags`), or None where a
-  trainer has no built-in equivalent;
+- `flags(m, agg=None)`: the trainer settings that make a trainer's *built-in* loss compute `m`
+  (the flag table of the book's chapter 14, from each method class's `trainer_flags`), under
+  its own aggregation or another (TRL's bnpo and dr_grpo are aggregations of its clip), or None
+  where a trainer has no built-in equivalent;
 - `loss(m, ..., norm=, length=)`: `m.loss` with a trainer's normaliser in place of the local one.
 
 The normaliser. `rlgates.aggregate` divides by counts of the batch it is given: its tokens
@@ -84,12 +85,72 @@ def _resolve(spec, h):
     return out
 
 
-def flags(method) -> dict:
+#: What a token mean divides by, for `flags`: "step", the whole optimiser step's token count
+#: (over micro-batches and processes: `loss(norm=...)`, verl's batch_num_tokens, TRL's dapo); or
+#: "micro-batch", each micro-batch's own (TRL's bnpo). The sequence means divide by responses,
+#: and micro-batches hold as many each, so for them the two agree.
+NORMALISERS = ("step", "micro-batch")
+#: TRL 1.16's loss types that share one per-token loss (the clip of grpo, bnpo, dr_grpo, dapo and
+#: luspo) and differ only in how they aggregate it: (rlgates aggregation, normaliser) -> loss_type.
+TRL_LOSS_TYPE_FOR_AGG = {
+    ("token-mean", "step"): "dapo", ("token-mean", "micro-batch"): "bnpo",
+    ("seq-mean-token-mean", "step"): "grpo", ("seq-mean-token-sum", "step"): "luspo",
+    ("seq-mean-token-sum-norm", "step"): "dr_grpo",
+}
+#: TRL loss types whose aggregation comes with the loss: (aggregation, normaliser).
+TRL_FIXED_AGG = {"sapo": ("seq-mean-token-mean", "step"), "cispo": ("token-mean", "step"),
+                 "vespo": ("token-mean", "step")}
+#: verl losses that do not read loss_agg_mode: sapo forces seq-mean-token-mean; geo_mean takes a
+#: plain mean over the rows. verl's other losses follow it, over the whole step.
+VERL_FIXED_AGG = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
+
+
+def flags(method, agg=None, *, normaliser="step") -> dict:
     """{"verl": settings or None, "trl": settings or None}: the settings that make each trainer's
     built-in loss compute `method` with its current hyperparameters, read from the method
-    class's `trainer_flags`. None: no built-in equivalent (the adapters still run the method)."""
+    class's `trainer_flags`. None: no built-in equivalent (the adapters still run the method).
+
+    agg: one of rlgates.AGG_MODES, to run the method under another aggregation than its own
+    (`method.agg`); normaliser: "step" or "micro-batch" (`NORMALISERS`), what a token mean
+    divides by. TRL's clipped losses then switch loss_type (`TRL_LOSS_TYPE_FOR_AGG`: dapo, bnpo,
+    grpo, luspo, dr_grpo; dr_grpo divides by max_completion_length, so pad to it); verl sets
+    loss_agg_mode. A loss that fixes its own aggregation (TRL's sapo, cispo, vespo; verl's sapo,
+    geo_mean) gives None for any other, and verl has no micro-batch token mean.
+
+        flags(rlgates.get("dapo"), agg="token-mean", normaliser="micro-batch")  # TRL's bnpo
+        flags(rlgates.get("grpo"), agg="seq-mean-token-sum-norm")               # TRL's dr_grpo
+    """
     spec = getattr(type(method), "trainer_flags", None) or {}
-    return {k: _resolve(spec.get(k), method.hparams) for k in ("verl", "trl")}
+    out = {k: _resolve(spec.get(k), method.hparams) for k in ("verl", "trl")}
+    if agg is None and normaliser == "step":
+        return out
+    agg = method.agg if agg is None else agg
+    if agg not in nx.AGG_MODES:
+        raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    if agg != "token-mean":
+        normaliser = "step"  # a sequence mean divides by responses either way
+    return {"verl": _verl_at(out["verl"], agg, normaliser),
+            "trl": _trl_at(out["trl"], agg, normaliser)}
+
+
+def _verl_at(f, agg, normaliser):
+    if f is None or normaliser == "micro-batch":
+        return None  # verl divides a token mean by the step's token count (batch_num_tokens)
+    if f["loss_mode"] in VERL_FIXED_AGG:
+        return f if agg == VERL_FIXED_AGG[f["loss_mode"]] else None
+    return {**f, "loss_agg_mode": agg}
+
+
+def _trl_at(f, agg, normaliser):
+    if f is None:
+        return None
+    if f["loss_type"] in TRL_FIXED_AGG:
+        return f if TRL_FIXED_AGG[f["loss_type"]] == (agg, normaliser) else None
+    if f["loss_type"] not in TRL_LOSS_TYPE_FOR_AGG.values():
+        return None  # a loss type this table does not know: no claim
+    return {**f, "loss_type": TRL_LOSS_TYPE_FOR_AGG[agg, normaliser]}
 
 
 def _fmt(v):
@@ -184,5 +245,6 @@ def gate_stats(method, logp, logp_old, adv, mask, side=None):
     return diagnostics.as_floats(stats)
 
 
-__all__ = ["TESTED_VERSIONS", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
+__all__ = ["NORMALISERS", "TESTED_VERSIONS", "TRL_FIXED_AGG", "TRL_LOSS_TYPE_FOR_AGG",
+           "VERL_FIXED_AGG", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
            "loss"]

@@ -46,14 +46,23 @@ def trl_row(loss_type, method, status="equal", note="", side=(), settings=None,
     f = flags(m)["trl"]
     if f is None:
         raise ValueError(f"{method} at {m.hparams} has no TRL flags")
-    return Row(trainer="trl", name=loss_type,
-               settings={**f, "loss_type": loss_type, **(settings or {})}, method=method,
-               hparams=dict(m.hparams), agg=TRL_AGG[loss_type], side=tuple(side),
+    settings = {**f, "loss_type": loss_type, **(settings or {})}
+    return Row(trainer="trl", name=loss_type, settings=settings, method=method,
+               hparams=dict(m.hparams), agg=TRL_AGG[settings["loss_type"]], side=tuple(side),
                status=status, note=note)
 
 
+def knob_row(knob, method, side, note, **hparams) -> Row:
+    """The row of a TRL knob that acts like a gate: `method` (the knob on DAPO, TRL's default
+    loss type) with its TRL flags, which set the knob."""
+    row = trl_row("dapo", method, side=side, note=note, **hparams)
+    return Row(trainer="trl", name=knob, settings=row.settings, method=method,
+               hparams=row.hparams, agg=row.agg, side=row.side, status=row.status, note=note)
+
+
 def trl_rows() -> list[Row]:
-    """TRL 1.16.0's loss types, then its gate-like knobs."""
+    """TRL 1.16.0's loss types, then its gate-like knobs (on DAPO; on another loss type the
+    knob is one more class, see rlgates.methods.masks)."""
     return [
         trl_row("grpo", "grpo", note=_EMPTY_ROWS),
         trl_row("dapo", "dapo"),
@@ -67,15 +76,25 @@ def trl_rows() -> list[Row]:
                 note="TRL picks τ with torch.where on Python floats, which rounds τ to float32 "
                      "(1.05 → 1.0499999523), so in float64 the two agree to ~2e-7 relative; "
                      "at τ rounded to float32 they are equal (tested). " + _EMPTY_ROWS),
-        trl_row("luspo", "luspo",
-                note="One advantage per response only: with [B, T] advantages TRL's sequence "
-                     "ratio mixes the tokens' advantages into every token's gradient, "
-                     "GSPO-token's form does not. " + _EMPTY_ROWS),
+        trl_row("luspo", "luspo", status="partial",
+                note="Equal with one advantage per response. With [B, T] advantages the values "
+                     "agree, and TRL's gradient is rlgates' averaged over each response's tokens "
+                     "(TRL differentiates through the sequence mean; GSPO-token's form gives "
+                     "each token its own A) (tested). " + _EMPTY_ROWS),
         trl_row("vespo", "vespo",
                 note="Without vLLM (the sampler is π_old). With use_vllm, TRL folds its "
                      "per-token correction π_old/π_sampler (truncated or masked at its caps) into "
                      "w: pass logp_old − log(correction) as the old log-probs (tested). TRL holds "
                      "k and λ in float32, exact at the defaults."),
+        knob_row("off_policy_mask_threshold", "opsm", ("sampler_logp",), delta=0.1,
+                 note="TRL's sampler is vLLM's log-probs (sampling_per_token_logps), else "
+                      "π_old; rlgates' sampler_logp defaults to logp_old. The mask leaves the "
+                      "normaliser alone: a dropped response still counts."),
+        knob_row("top_entropy_quantile", "top_entropy", ("entropy",),
+                 note="TRL takes the quantile over every process's real tokens, in float32; "
+                      "rlgates over the batch it is given, in its dtype (equal here: the "
+                      "entropies are multiples of 1/64). Masked tokens still count in the "
+                      "normaliser."),
     ]
 
 
@@ -107,4 +126,4 @@ def branch_loss_types() -> list[str]:
     return found
 
 
-__all__ = ["TRL_AGG", "branch_loss_types", "loss_types", "trl_row", "trl_rows"]
+__all__ = ["TRL_AGG", "branch_loss_types", "knob_row", "loss_types", "trl_row", "trl_rows"]
