@@ -71,8 +71,39 @@ SAPO = [
     ("sapo", {}, 0.0, -1.0, 0.7681097916952943, 4 / 1.05 / (1 + math.exp(1.05))),
 ]
 
+E04 = math.exp(0.4)  # GMPO's window (e^−0.4, e^0.4), on the plane where ρ̄ = f(ρ)
+# verl's default loss with DAPO's ratios: (0.8, 1.28) and dual-clip's ceiling c = 3 for A < 0
+# GPG: f = 1 + log ρ, gate 1/ρ. DRO (β = 1): f = 1 + log ρ − (log ρ)²/(2A), gate (1 − log ρ/A)/ρ:
+#   A = 1,  ρ = e:   gate 0, f = 1 + 1 − 1/2 = 1.5
+#   A = 1,  ρ = e²:  gate (1 − 2)/e² = −e^−2, f = 1 + 2 − 2 = 1
+#   A = −1, ρ = e^−1: gate 0 (log ρ = A/β), f = 1 − 1 + 1/2 = 0.5
+#   A = 0,  ρ = 2:   gate 0 (the convention), f = 1 + log 2
+MORE = [
+    ("gmpo", {}, nudge(E04, DOWN), 1.0, 1.0, nudge(E04, DOWN)),
+    ("gmpo", {}, E04, 1.0, 0.0, E04),
+    ("gmpo", {}, 1.2, -1.0, 1.0, 1.2),
+    ("gmpo", {}, nudge(1 / E04, UP), -1.0, 1.0, nudge(1 / E04, UP)),
+    ("gmpo", {}, 0.5, -1.0, 0.0, math.exp(-0.4)),
+    ("dapo_dual_clip", {}, 1.25, 1.0, 1.0, 1.25),
+    ("dapo_dual_clip", {}, 1.28, 1.0, 0.0, 1.28),
+    ("dapo_dual_clip", {}, nudge(0.8, UP), -1.0, 1.0, nudge(0.8, UP)),
+    ("dapo_dual_clip", {}, nudge(3.0, DOWN), -1.0, 1.0, nudge(3.0, DOWN)),
+    ("dapo_dual_clip", {}, 3.0, -1.0, 0.0, 3.0),
+    ("dapo_dual_clip", {}, 4.0, -1.0, 0.0, 3.0),
+    ("dapo_dual_clip", {}, 4.0, 1.0, 0.0, 1.28),
+    ("gpg", {}, 1.0, 1.0, 1.0, 1.0),
+    ("gpg", {}, 4.0, -1.0, 0.25, 1 + math.log(4.0)),
+    ("gpg", {}, 0.5, 1.0, 2.0, 1 - math.log(2.0)),
+    ("dro", {}, 1.0, 1.0, 1.0, 1.0),
+    ("dro", {}, math.e, 1.0, 0.0, 1.5),
+    ("dro", {}, math.exp(2.0), 1.0, -math.exp(-2.0), 1.0),
+    ("dro", {}, math.exp(-1.0), -1.0, 0.0, 0.5),
+    ("dro", {}, 2.0, 0.0, 0.0, 1 + math.log(2.0)),
+]
 
-@pytest.mark.parametrize("name, hparams, ratio, adv, gate, weight", PPO + DAPO + SAO + SAPO)
+
+@pytest.mark.parametrize("name, hparams, ratio, adv, gate, weight",
+                         PPO + DAPO + SAO + SAPO + MORE)
 def test_boundary_table(name, hparams, ratio, adv, gate, weight):
     m = rlgates.get(name, **hparams)
     r, a = torch.tensor(ratio, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64)
