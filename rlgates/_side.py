@@ -43,9 +43,26 @@ FIELDS = {
 @dataclass(frozen=True)
 class SideInfo:
     """Per-token inputs of a loss beyond (ρ, A); each optional, each a tensor broadcastable to
-    the [B, T] batch (a Python number is taken as a 0-d tensor). Validated when made: finite,
-    and in the range `FIELDS` states; padding must hold a valid value too (0 for `cov`, 1 for
-    `probs_old`)."""
+    the [B, T] batch (a Python number is taken as a 0-d float64 tensor). Validated when made:
+    finite, and in its range; padding must hold a valid value too (0 for `cov`, 1 for
+    `probs_old`). An error names the field: "sideinfo.entropy must be ≥ 0, got -0.1".
+
+    - probs_old: π_old of each sampled token, in (0, 1] (DPPO). The loss derives it as
+      exp(logp_old); on the plane ρ alone does not give it.
+    - entropy: the policy's entropy at each token, ≥ 0 (an entropy mask).
+    - sampler_logp: the rollout engine's log-prob of each token, ≤ 0 (off-policy masks).
+    - cov: (log π − mean log π)·(A − mean A), means over the batch's real tokens (Clip-Cov,
+      KL-Cov). The loss derives it (`batch_cov`).
+    - draw: a uniform key per token in [0, 1]; a loss that picks tokens at random takes those
+      with the smallest keys (Clip-Cov), so a given draw makes the pick reproducible.
+    - picked: bool, the tokens a batch-level rule singled out (Clip-Cov drops them, KL-Cov
+      pulls them back); the method derives it from `cov` (and `draw`) unless it is given.
+
+        >>> side = rlgates.SideInfo(probs_old=0.3)           # held fixed on the plane
+        >>> rlgates.get("dppo_tv").gate(ratio, adv, side)
+        >>> rlgates.get("clip_cov").loss(logp, logp_old, adv, mask,
+        ...                              side=rlgates.SideInfo(draw=torch.rand(logp.shape)))
+    """
 
     probs_old: torch.Tensor | None = None
     entropy: torch.Tensor | None = None

@@ -229,3 +229,32 @@ def test_side_rows_are_in_the_matrix():
     for name in ("dppo_tv", "dppo_kl", "clip_cov", "kl_cov"):
         assert name in names
         assert set(ROWS[name].side) <= set(_side.FIELDS)
+
+
+def test_the_verl_adapter_runs_them_like_verls_own(verl, batch):
+    """rlgates' methods registered in verl (rlgates.trainers.verl.register): dppo_tv and kl_cov
+    equal verl's own; clip_cov draws its pick at random as verl does (one token dropped)."""
+    from rlgates.trainers import verl as rverl
+
+    core_algos = verl[0]
+    verl_adv, _ = advantages(batch, False)
+    for name in ("dppo_tv", "dppo_kl", "clip_cov", "kl_cov"):
+        row = ROWS[name]
+        ref = verl_loss(verl, row, batch, verl_adv)
+        ours_name = rverl.register(rlgates.get(row.method, **row.hparams))
+        leaf = batch.leaf()
+        _, FSDPActorConfig, PolicyLossConfig, _ = verl
+        actor, policy_loss, _ = tcv.split({**row.settings, "policy_loss.loss_mode": ours_name})
+        config = FSDPActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=4,
+                                 policy_loss=PolicyLossConfig(**policy_loss), **actor)
+        value, logged = core_algos.get_policy_loss_fn(ours_name)(
+            old_log_prob=batch.logp_old, log_prob=leaf, advantages=verl_adv,
+            response_mask=batch.mask, loss_agg_mode=row.agg, config=config)
+        value.backward()
+        assert "actor/rlgates_gate_mean" in logged
+        if name == "clip_cov":
+            dapo = gradient_of(rlgates.get("dapo", eps_low=0.2, eps_high=0.2), batch, batch.adv)
+            assert int(((dapo != 0) & (leaf.grad == 0)).sum()) == 1
+            assert int(((dapo != 0) & (ref[1] == 0)).sum()) == 1
+        else:
+            assert_equal((value.detach(), leaf.grad), ref, TIGHT)

@@ -68,6 +68,8 @@ def matrix() -> list[Row]:
 
 
 def _value(v) -> str:
+    if v is None:
+        return "null"  # as a Hydra override writes it
     if isinstance(v, float):
         return "inf" if v == float("inf") else f"{v:g}"
     return str(v)

@@ -179,13 +179,16 @@ TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip, "l
 
 def side_info(method, entropy=None, sampler_logp=None):
     """The SideInfo TRL's loss step can give a method with side inputs (None for one without):
-    the per-token entropies it computes and, when vLLM sampled the completions, the engine's
-    log-probs (`sampling_per_token_logps`). The loss derives the rest from the batch."""
+    the per-token entropies it computes, when vLLM sampled the completions the engine's
+    log-probs (`sampling_per_token_logps`), and a random `draw` per token (torch's global
+    generator) for a loss that picks tokens at random. The loss derives the rest from the
+    batch."""
     if not getattr(method, "side_inputs", ()):
         return None
+    draw = None if entropy is None else torch.rand(entropy.shape, device=entropy.device)
     if sampler_logp is not None:  # an engine's rounding may leave a log-prob a hair above 0
         sampler_logp = sampler_logp.detach().clamp(max=0)
-    fields = {"entropy": entropy, "sampler_logp": sampler_logp}
+    fields = {"entropy": entropy, "sampler_logp": sampler_logp, "draw": draw}
     return SideInfo(**{k: v.detach() for k, v in fields.items() if v is not None})
 
 

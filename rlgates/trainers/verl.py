@@ -65,6 +65,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.utils import torch_functional as verl_F
 
 from .. import _numerics as nx
+from .._side import SideInfo
 from . import _detached_inputs, flags, gate_stats, loss
 from ._verl_compat import patch_environment
 
@@ -115,17 +116,29 @@ def _cispo(lp, old, a, m, f):  # compute_policy_loss_cispo: a clipped weight, ei
 VERL_METRICS = {"vanilla": _vanilla, "gspo": _gspo, "sapo": _sapo, "cispo": _cispo}
 
 
-def metrics(method, log_prob, old_log_prob, advantages, response_mask) -> dict:
+def metrics(method, log_prob, old_log_prob, advantages, response_mask, side=None) -> dict:
     """The adapter's metrics for one micro-batch: verl's names and definitions where `method`
-    has a verl built-in of its family, rlgates' gate statistics always."""
+    has a verl built-in of its family, rlgates' gate statistics always (a side-input method's
+    at `side`)."""
     out = {f"actor/rlgates_{k}": v for k, v in
-           gate_stats(method, log_prob, old_log_prob, advantages, response_mask).items()}
+           gate_stats(method, log_prob, old_log_prob, advantages, response_mask, side).items()}
     f = flags(method)["verl"]
     if f is None or f["loss_mode"] not in VERL_METRICS:
         return out
     with torch.no_grad():
         lp, old, a, m = _detached_inputs(log_prob, old_log_prob, advantages, response_mask)
         return {**VERL_METRICS[f["loss_mode"]](lp, old, a, m, f), **out}
+
+
+def draw_side(method, log_prob):
+    """The side information verl's loss call can give a method that reads some (None for one
+    without): a random `draw` per token from torch's global generator, as verl's clip_cov draws
+    its torch.randperm. π_old and the covariance the loss derives from the batch itself; an
+    entropy or a sampler's log-probs verl's policy-loss call does not pass, so a method that
+    reads them raises an error that names the field."""
+    if not getattr(method, "side_inputs", ()):
+        return None
+    return SideInfo(draw=torch.rand(log_prob.shape, device=log_prob.device))
 
 
 def policy_loss(method, agg=None):
@@ -151,10 +164,11 @@ def policy_loss(method, agg=None):
             norm = None if n is None else torch.as_tensor(n, dtype=torch.float64) / dp
             if mode == "seq-mean-token-sum-norm":
                 length = info.get("loss_scale_factor")
+        side = draw_side(method, log_prob)
         out = loss(method, log_prob, old_log_prob, advantages, response_mask, mode,
-                   norm=norm, length=length, is_weight=rollout_is_weights)
+                   norm=norm, length=length, is_weight=rollout_is_weights, side=side)
         return out.to(log_prob.dtype), metrics(method, log_prob, old_log_prob, advantages,
-                                               response_mask)
+                                               response_mask, side)
 
     fn.__name__ = f"{PREFIX}{method.name}"
     fn.__doc__ = f"rlgates' {method!r} under verl's policy-loss signature."
