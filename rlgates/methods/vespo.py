@@ -61,7 +61,9 @@ class VESPO(Method):
     masked by `vllm_importance_sampling_mode`, which must be a token mode) into log w, and does
     not multiply it into the loss again. VESPO reads `logp_old` only through w, so no extra
     input is needed: pass the sampler's log-probs as `logp_old` (w = π/π_sampler), or
-    `logp_old − log c` for TRL's truncated fold exactly (tests/test_conformance_trl.py).
+    `logp_old − log c` for TRL's truncated fold exactly (tests/test_conformance_trl.py). A
+    token that TRL's token_mask mode zeroes (c = 0) makes w ≈ 0 in both, though the clamps that
+    get there differ (TRL: log c ≥ log 1e-8; here: each token's log-ratio ≥ −20).
     """
 
     name, title, date, order = "vespo", "VESPO", "February 2026", 21
