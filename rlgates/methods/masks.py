@@ -125,7 +125,7 @@ class EntropyMask(_SideMask):
 
     def _derive_side(self, logp, logp_old, adv, mask, side):
         side = super()._derive_side(logp, logp_old, adv, mask, side)
-        if side.picked is not None:
+        if side.picked is not None or side.entropy is None:  # None: _require names the field
             return side
         entropy = side.entropy.to(logp.dtype).expand_as(logp)
         return side.replace(picked=self._picked(entropy, mask))
