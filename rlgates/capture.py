@@ -54,12 +54,16 @@ that loads with `numpy.load(f, allow_pickle=False)`: every entry is a numeric or
 `step` column; it refuses a corrupt file, a foreign file and a newer schema with a ValueError of
 one line each.
 
-verl (0.9.1). A loss registered with `verl.trainer.ppo.core_algos.register_policy_loss` is called
-as `fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights)`: a capture at that level sees log π, log π_old, A, the mask, the aggregation
-and verl's global batch counts (`config.global_batch_info`), but no entropy (the actor computes
-it apart, for its entropy bonus and metrics) and no rollout log-probs (only the correction
-weights derived from them, when rollout correction is on). It is not implemented here.
+verl (0.9.1): not implemented; what a capture there would lack. The actor's loss,
+`verl.workers.utils.losses.ppo_loss(config, model_output, data)`, calls the registered policy
+loss (`core_algos.get_policy_loss_fn(loss_mode)`) with keywords `old_log_prob, log_prob,
+advantages, response_mask, loss_agg_mode, config, rollout_is_weights`. A wrapper of a registered
+loss therefore sees log π, log π_old, A, the mask, the aggregation and the global batch counts
+(`config.global_batch_info`: dp_size, batch_num_tokens, global_batch_size, loss_scale_factor),
+but no entropy (`ppo_loss` reads it from `model_output` for its own entropy term) and no rollout
+log-probs (only the correction weights derived from them, and only when rollout correction is
+on; `core_algos.PolicyLossFn` still names that argument `rollout_log_probs`). A full capture
+would wrap `ppo_loss` itself, which the actor worker installs with `set_loss_fn`.
 """
 
 from __future__ import annotations

@@ -220,3 +220,21 @@ def test_load_refuses_corrupt_foreign_and_newer_files(tmp_path_factory, tmp_path
     # Everything loads without pickle: the settings are JSON text, the rest plain arrays.
     assert json.loads(str(good["settings"]))["loss_type"] == "grpo"
     assert all(v.dtype != object for v in good.values())
+
+
+def test_verl_registered_losses_see_no_entropy_nor_rollout_log_probs():
+    """The module docstring's account of verl 0.9.1, read from the installed source."""
+    import inspect
+
+    from verl.trainer.ppo import core_algos
+    from verl.workers.utils import losses
+
+    for name, fn in core_algos.POLICY_LOSS_REGISTRY.items():
+        params = set(inspect.signature(fn).parameters)
+        assert not any("entrop" in p for p in params), name
+        assert "rollout_log_probs" not in params, name
+    source = inspect.getsource(losses.ppo_loss)
+    call = source[source.index(" = policy_loss_fn("):]
+    call = call[:call.index(")")]
+    assert "rollout_is_weights=rollout_is_weights" in call and "entropy" not in call
+    assert 'model_output.get("entropy"' in source  # ppo_loss reads the entropy itself
