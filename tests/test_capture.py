@@ -18,31 +18,38 @@ from rlgates.capture import SCHEMA_VERSION, capture, load
 # Under xdist one worker runs this group (pyproject.toml: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("trainers")
 
-#: TRL loss_type -> the rlgates method whose TRL flags it is run with (bnpo and dr_grpo have no
-#: method of their own: they are grpo's clip under another normaliser).
-METHOD_OF = {"grpo": "grpo", "dapo": "dapo", "bnpo": "grpo", "dr_grpo": "grpo",
-             "cispo": "cispo", "sapo": "sapo"}
+#: A run's name -> (TRL loss_type, the rlgates method whose TRL flags it runs with and whose
+#: loss rebuilds it). bnpo and dr_grpo have no method of their own: they are grpo's clip under
+#: another normaliser; gspo is grpo's loss_type at the sequence level.
+CASES = {"grpo": ("grpo", "grpo"), "bnpo": ("bnpo", "grpo"), "dr_grpo": ("dr_grpo", "grpo"),
+         "dapo": ("dapo", "dapo"), "cispo": ("cispo", "cispo"), "sapo": ("sapo", "sapo"),
+         "gspo": ("grpo", "gspo")}
 
 _RUNS = {}
 
 
-def run(tmp_path_factory, loss_type="grpo", num_iterations=2, tokens_per_step=10_000,
-        with_capture=True):
-    """A tiny stock GRPOTrainer run (cached per settings): (trainer, the loaded capture or None)."""
-    key = (loss_type, num_iterations, tokens_per_step, with_capture)
+def run(tmp_path_factory, case="grpo", num_iterations=2, tokens_per_step=10_000,
+        with_capture=True, **settings):
+    """A tiny stock GRPOTrainer run (cached per arguments): (trainer, the loaded capture or None).
+    case: a key of CASES, or a TRL loss_type that rlgates does not map (run at TRL's defaults)."""
+    key = (case, num_iterations, tokens_per_step, with_capture, tuple(sorted(settings.items())))
     if key not in _RUNS:
         from trl import GRPOTrainer
 
         from rlgates.trainers import flags
         from tests.trl_run import DATA, config, reward_words, tiny_model, tiny_tokenizer
 
-        f = dict(flags(rlgates.get(METHOD_OF[loss_type]))["trl"], loss_type=loss_type)
-        args = config(num_iterations=num_iterations, **f)
+        if case in CASES:
+            loss_type, method = CASES[case]
+            f = dict(flags(rlgates.get(method))["trl"], loss_type=loss_type)
+        else:
+            f = {"loss_type": case}
+        args = config(num_iterations=num_iterations, **f, **settings)
         trainer = GRPOTrainer(model=tiny_model(), reward_funcs=reward_words, args=args,
                               train_dataset=DATA, processing_class=tiny_tokenizer())
         captured = None
         if with_capture:
-            path = tmp_path_factory.mktemp(f"capture_{loss_type}_{num_iterations}")
+            path = tmp_path_factory.mktemp(f"capture_{case}_{num_iterations}")
             with capture(trainer, path, tokens_per_step=tokens_per_step) as handle:
                 trainer.train()
                 live = handle.buffer.tokens  # the last step, before it is written
@@ -74,7 +81,7 @@ def dense(cap, step, micro):
     return (*out, mask, adv)
 
 
-def recomputed_loss(cap, step, micro, same_ratio=False):
+def recomputed_loss(cap, case, step, micro, same_ratio=False):
     """The micro-batch's loss, rebuilt from the capture with rlgates' TRL normalisers."""
     from rlgates.trainers.trl import trl_loss
 
@@ -82,17 +89,14 @@ def recomputed_loss(cap, step, micro, same_ratio=False):
     logp, old, mask, adv = dense(cap, step, micro)
     n_items = cap.micro["num_items_in_batch"][cap.micro["step"] == step][micro]
     return float(trl_loss(
-        rlgates.get(METHOD_OF[st["loss_type"]]), logp, logp if same_ratio else old, adv, mask,
+        rlgates.get(CASES[case][1]), logp, logp if same_ratio else old, adv, mask,
         st["loss_type"], max_completion_length=st["max_completion_length"],
         num_items_in_batch=torch.tensor(float(n_items)), num_processes=st["num_processes"],
         grad_accum=st["gradient_accumulation_steps"],
         steps_per_generation=st["steps_per_generation"]))
 
 
-@pytest.mark.parametrize("loss_type", sorted(METHOD_OF))
-def test_capture_rebuilds_the_trainers_loss(tmp_path_factory, loss_type):
-    trainer, cap = run(tmp_path_factory, loss_type)
-    assert cap.settings["loss_type"] == loss_type and cap.settings["num_iterations"] == 2
+def assert_losses_are_the_logged_ones(trainer, cap):
     logged = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     assert list(cap.steps) == [0, 1] and len(logged) == 2
     for step in (0, 1):
@@ -100,14 +104,31 @@ def test_capture_rebuilds_the_trainers_loss(tmp_path_factory, loss_type):
         assert len(losses) == 2  # gradient_accumulation_steps micro-batches
         # The trainer logs the sum of its micro-batches' (already scaled) losses.
         assert float(losses.sum()) == pytest.approx(logged[step], rel=1e-5, abs=1e-7)
-        for micro, recorded in enumerate(losses):
-            assert recomputed_loss(cap, step, micro) == pytest.approx(recorded, rel=1e-4,
-                                                                      abs=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_capture_rebuilds_the_trainers_loss(tmp_path_factory, case):
+    trainer, cap = run(tmp_path_factory, case)
+    loss_type, method = CASES[case]
+    assert cap.settings["loss_type"] == loss_type and cap.settings["num_iterations"] == 2
+    assert cap.settings["importance_sampling_level"] == rlgates.get(method).level
+    assert_losses_are_the_logged_ones(trainer, cap)
+    for step in (0, 1):
+        for micro, recorded in enumerate(cap.micro["loss"][cap.micro["step"] == step]):
+            assert recomputed_loss(cap, case, step, micro) == pytest.approx(recorded, rel=1e-4,
+                                                                            abs=1e-6)
     # Not vacuous: the second step's ρ ≠ 1, and the loss at ρ ≡ 1 is not the recorded one.
     second = cap.tokens["step"] == 1
     assert np.abs(cap.tokens["logp"] - cap.tokens["logp_old"])[second].max() > 1e-3
-    at_one = [recomputed_loss(cap, 1, k, same_ratio=True) for k in (0, 1)]
+    at_one = [recomputed_loss(cap, case, 1, k, same_ratio=True) for k in (0, 1)]
     assert np.abs(np.array(at_one) - cap.micro["loss"][cap.micro["step"] == 1]).max() > 1e-4
+
+
+@pytest.mark.parametrize("loss_type", ["luspo", "vespo"])
+def test_capture_of_loss_types_rlgates_does_not_map(tmp_path_factory, loss_type):
+    trainer, cap = run(tmp_path_factory, loss_type)
+    assert cap.settings["loss_type"] == loss_type and cap.settings["aggregation"] is None
+    assert_losses_are_the_logged_ones(trainer, cap)
 
 
 def test_what_a_step_records(tmp_path_factory):
