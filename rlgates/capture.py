@@ -32,7 +32,11 @@ What one optimiser step records (the step is `trainer.state.global_step` during 
   accumulation steps where TRL divides), `tokens` (Σ loss mask), `rows`, `length` (the padded
   completion length T), `num_items_in_batch` (TRL's global token count; NaN if absent).
 - sequences, every row of every micro-batch: `length` (Σ loss mask), `advantage` (its mean A over
-  the masked tokens; A is per sequence in stock TRL), `micro`, `row`.
+  the masked tokens; A is per sequence in stock TRL), `prompt` (a CRC-32 of the prompt's token
+  ids: the rows of one group share it, since TRL shuffles rows and keeps no group index),
+  `micro`, `row`.
+
+Steps count from 0: capture step k is the optimiser step the trainer logs as `"step": k + 1`.
 
 File format (schema_version 1). `path` is a directory; each optimiser step is written, when the
 next step starts or on `close()`, as `step_<global step, 8 digits>.rank<process>.npz`, so memory
@@ -72,6 +76,7 @@ import json
 import math
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +100,8 @@ SETTINGS = ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "importance
 TOKEN_FIELDS = ("logp", "logp_old", "logp_sampler", "logp_ref", "entropy", "advantage", "mask",
                 "micro", "row", "position")
 MICRO_FIELDS = ("loss", "tokens", "rows", "length", "num_items_in_batch")
-SEQUENCE_FIELDS = ("length", "advantage", "micro", "row")
+SEQUENCE_FIELDS = ("length", "advantage", "prompt", "micro", "row")
+_INTEGER_FIELDS = ("micro", "row", "rows", "length", "tokens", "prompt")
 
 
 def _jsonable(v):
@@ -152,9 +158,14 @@ class _StepBuffer:
             out[f"token/{k}"] = v if v.dtype in (np.bool_, np.int64) else v.astype(np.float32)
         for name, table in (("micro", self.micro), ("sequence", self.sequences)):
             for k, v in table.items():
-                out[f"{name}/{k}"] = np.asarray(v, dtype=np.int64 if k in ("micro", "row", "rows",
-                                                 "length", "tokens") else np.float32)
+                dtype = np.int64 if k in _INTEGER_FIELDS else np.float32
+                out[f"{name}/{k}"] = np.asarray(v, dtype=dtype)
         return out
+
+
+def _prompt_hashes(inputs):
+    ids, mask = inputs["prompt_ids"].detach().cpu(), inputs["prompt_mask"].detach().cpu().bool()
+    return [zlib.crc32(row[m].numpy().astype(np.int64).tobytes()) for row, m in zip(ids, mask, strict=True)]
 
 
 def _float(x):
@@ -246,6 +257,7 @@ class Capture:
         seq_adv = (adv * mask).sum(-1) / lengths.clamp(min=1)
         buf.sequences["length"] += lengths.tolist()
         buf.sequences["advantage"] += seq_adv.tolist()
+        buf.sequences["prompt"] += _prompt_hashes(inputs)
         buf.sequences["micro"] += [micro] * B
         buf.sequences["row"] += list(range(B))
 

@@ -143,6 +143,11 @@ def test_what_a_step_records(tmp_path_factory):
     assert (m["num_items_in_batch"] > 0).all()
     assert cap.settings["gradient_accumulation_steps"] == 2
     assert cap.settings["aggregation"] == "seq-mean-token-mean"
+    # A group's rows share a prompt: per step, each prompt's rows come in whole groups.
+    s, k = cap.sequences, cap.settings["num_generations"]
+    for step in cap.steps:
+        _, counts = np.unique(s["prompt"][s["step"] == step], return_counts=True)
+        assert len(counts) > 1 and (counts % k == 0).all()
 
 
 def test_samples_are_bounded_and_exact(tmp_path_factory):
@@ -176,7 +181,7 @@ def test_capture_changes_nothing_in_the_run(tmp_path_factory):
     for p, q in zip(with_cap.model.parameters(), without.model.parameters(), strict=True):
         assert torch.equal(p, q)
     # Negative control: the comparison can tell two runs apart (ρ ≡ 1 changes the losses).
-    one, _ = run(tmp_path_factory, num_iterations=1, with_capture=False)
+    one, _ = run(tmp_path_factory, num_iterations=1)
     assert [e["loss"] for e in one.state.log_history if "loss" in e] != [
         e["loss"] for e in without.state.log_history if "loss" in e]
 
