@@ -165,7 +165,8 @@ class _StepBuffer:
 
 def _prompt_hashes(inputs):
     ids, mask = inputs["prompt_ids"].detach().cpu(), inputs["prompt_mask"].detach().cpu().bool()
-    return [zlib.crc32(row[m].numpy().astype(np.int64).tobytes()) for row, m in zip(ids, mask, strict=True)]
+    return [zlib.crc32(row[m].numpy().astype(np.int64).tobytes())
+            for row, m in zip(ids, mask, strict=True)]
 
 
 def _float(x):
