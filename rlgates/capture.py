@@ -33,8 +33,8 @@ What one optimiser step records (the step is `trainer.state.global_step` during 
   completion length T), `num_items_in_batch` (TRL's global token count; NaN if absent).
 - sequences, every row of every micro-batch: `length` (Σ loss mask), `advantage` (its mean A over
   the masked tokens; A is per sequence in stock TRL), `prompt` (a CRC-32 of the prompt's token
-  ids: the rows of one group share it, since TRL shuffles rows and keeps no group index),
-  `micro`, `row`.
+  ids: TRL shuffles the generation batch's rows and keeps no group index, so this is how a
+  group's rows are found again; groups drawn from the same prompt share it too), `micro`, `row`.
 
 Steps count from 0: capture step k is the optimiser step the trainer logs as `"step": k + 1`.
 
