@@ -319,18 +319,34 @@ class Run:
         return np.unique(self.micro["step"])
 
 
+_UNREADABLE = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError)
+
+
 def _read(f: Path) -> dict:
+    def corrupt(e):
+        return ValueError(f"{f}: corrupt or unreadable capture file ({type(e).__name__})")
+
     try:
-        with np.load(f, allow_pickle=False) as z:
+        z = np.load(f, allow_pickle=False)
+    except _UNREADABLE as e:
+        raise corrupt(e) from None
+    if not isinstance(z, np.lib.npyio.NpzFile):  # a plain .npy array
+        raise ValueError(f"{f}: not an rlgates capture file")
+    try:
+        with z:
             data = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError) as e:
-        raise ValueError(f"{f}: corrupt or unreadable capture file ({type(e).__name__})") from None
+    except _UNREADABLE as e:  # a member cut short or damaged
+        raise corrupt(e) from None
     if "format" not in data or str(data["format"]) != FORMAT or "schema_version" not in data:
         raise ValueError(f"{f}: not an rlgates capture file")
     version = int(data["schema_version"])
     if version > SCHEMA_VERSION:
         raise ValueError(f"{f}: capture schema {version} is newer than this rlgates reads "
                          f"({SCHEMA_VERSION}); upgrade rlgates")
+    try:
+        data["settings"] = json.loads(str(data["settings"]))
+    except (KeyError, ValueError) as e:
+        raise corrupt(e) from None
     return data
 
 
@@ -344,7 +360,7 @@ def load(path) -> Run:
     if not files:
         raise ValueError(f"{path}: no capture files (step_*.npz) in this directory")
     parts = [_read(f) for f in files]
-    run = Run(settings=json.loads(str(parts[0]["settings"])))
+    run = Run(settings=parts[0]["settings"])
     for table, prefix in ((run.tokens, "token/"), (run.micro, "micro/"),
                           (run.sequences, "sequence/")):
         for data in parts:

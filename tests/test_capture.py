@@ -226,6 +226,12 @@ def test_load_refuses_corrupt_foreign_and_newer_files(tmp_path_factory, tmp_path
     truncated = tmp_path / "step_00000000.rank0.npz"
     truncated.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
     _one_line_error(truncated, "corrupt")
+    flipped = bytearray(src.read_bytes())
+    middle = len(flipped) // 2
+    flipped[middle:middle + 64] = bytes(64)
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(bytes(flipped))
+    _one_line_error(damaged, "corrupt")
     text = tmp_path / "notes.npz"
     text.write_text("not a zip")
     _one_line_error(text, "corrupt")
@@ -233,6 +239,9 @@ def test_load_refuses_corrupt_foreign_and_newer_files(tmp_path_factory, tmp_path
     foreign = tmp_path / "foreign.npz"
     np.savez(foreign, weights=np.ones(3))
     _one_line_error(foreign, "not an rlgates capture")
+    array = tmp_path / "array.npy"
+    np.save(array, np.ones(3))
+    _one_line_error(array, "not an rlgates capture")
 
     newer = tmp_path / "newer"
     newer.mkdir()
