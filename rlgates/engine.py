@@ -58,6 +58,8 @@ def truncated_logp(logits, top_p=None, top_k=None):
         keep_sorted &= mass_before < top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     log_kept_mass = logp.masked_fill(~keep, -math.inf).logsumexp(-1)
+    # nothing cut: m = 1 exactly, so the engine reports log π itself, not log π − rounding
+    log_kept_mass = log_kept_mass.masked_fill(keep.all(-1), 0.0)
     logp_engine = torch.where(keep, logp - log_kept_mass[..., None], -math.inf)
     return logp_engine, log_kept_mass
 
