@@ -242,17 +242,31 @@ class LabPolicy(nn.Module):
         return self._linear(self._embed(self.tok, prompt).flatten(-2), self.w_prompt,
                             self.b_prompt)
 
+    def _body(self, x):
+        return torch.tanh(self._linear(torch.tanh(x), self.w_body, self.b_body))
+
     def _head(self, x):
-        h = torch.tanh(self._linear(torch.tanh(x), self.w_body, self.b_body))
-        return self._linear(h, self.w_head, self.b_head)
+        return self._linear(self._body(x), self.w_head, self.b_head)
 
     def logits(self, prompt, response):
         """Next-token logits for each response position: [R, B, T, vocab]. A single run also
         takes prompt [B, motif] and response [B, T] and returns [B, T, vocab]."""
         if response.dim() == 2:
-            if self.runs != 1:
-                raise ValueError(f"[B, T] inputs need a single run, this policy has {self.runs}")
+            self._single_run()
             return self.logits(prompt[None], response[None])[0]
+        return self._linear(self.features(prompt, response), self.w_head, self.b_head)
+
+    def _single_run(self):
+        if self.runs != 1:
+            raise ValueError(f"[B, T] inputs need a single run, this policy has {self.runs}")
+
+    def features(self, prompt, response):
+        """The hidden state the LM head reads, for each response position: [R, B, T, hidden]
+        (or [B, T, hidden], as `logits`). Kept apart so that an engine can run the head in
+        another precision than the body (`rlgates.engine.mixed_precision_log_probs`)."""
+        if response.dim() == 2:
+            self._single_run()
+            return self.features(prompt[None], response[None])[0]
         R, B, T = response.shape
         start = response.new_full((R, B, 1), self.bos)
         prev = torch.cat([start, response[..., :-1]], -1)
@@ -261,7 +275,7 @@ class LabPolicy(nn.Module):
         ctx = torch.cat([ctx.new_zeros(R, B, 1, ctx.shape[-1]), ctx], -2)
         x = (self._prompt(prompt)[:, :, None] + self.pos[:, None, :T]
              + self._embed(self.tok, prev) + ctx)
-        return self._head(x)
+        return self._body(x)
 
     def log_probs(self, response, prompt):
         """log π(y_t | prompt, y_<t) for every response token: [R, B, T] (or [B, T], as
