@@ -623,7 +623,10 @@ def reader_notebook(doc: str, nb, book: Book, executed=None):
     header = nbformat.v4.new_markdown_cell(
         f"*This notebook is the chapter [{book.titles.get(doc, doc)}]({book.page(doc)}) of the "
         f"book, made to run in Jupyter, Colab or Binder. Run the cells in order; the first one "
-        f"installs `rlgates` when it is missing.*")
+        f"installs `rlgates` when it is missing, from the repository's `{book.branch}` branch. "
+        f"That branch and the book's site exist once the project's workflow has published "
+        f"them; until then the install fails, and a clone of the repository with "
+        f"`python3 tasks.py lab` runs this notebook instead.*")
     header.id = "reader-header"
     exercises = False  # inside "## Exercises": a worked solution's output is an answer too
     for cell, outputs in zip(new.cells, ran, strict=True):
