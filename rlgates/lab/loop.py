@@ -501,12 +501,36 @@ def _behaviour(history, plan, seeds):
             for k in picks[0]}
 
 
+def _ignore(*_args):
+    """A hook or progress printer that does nothing."""
+
+
+def _side_reader(plan, seeds, dev):
+    """side_of(entropy, behaviour log-probs): the lab's SideInfo (`lab_side`, run r drawing from
+    its own generator) when an arm's method reads side information, else None."""
+    if not any(getattr(a.m, "side_inputs", ()) for a in plan):
+        return lambda ent, sampled: None
+    draws = [torch.Generator(device=dev).manual_seed(s + _DRAW_SEED) for s in seeds]
+    return lambda ent, sampled: lab_side(ent, sampled, draws)
+
+
+def _shuffles(gens, n):
+    """[R, n]: one permutation of the batch's rows per run, run r's from gens[r]."""
+    return torch.stack([torch.randperm(n, generator=g, device=g.device) for g in gens])
+
+
+def _staleness(updates, versions, n_updates, n_seeds):
+    """Each run's mean staleness over the step's updates: how many updates its behaviour policy
+    was behind, averaged over the updates (arm-major, one value per run)."""
+    stale = [float(updates - v - (n_updates + 1) / 2) for v in versions]
+    return torch.tensor(stale).repeat_interleave(n_seeds)
+
+
 def _train(plan, cfg, seeds, keep, hook, show):
     """ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's: rows a.rows)."""
     dev, task = torch.device(cfg.device), cfg.task()
     all_seeds = seeds * len(plan)  # arm-major: every arm starts from the same seeds
     R, lag = len(all_seeds), max(a.lag for a in plan)
-    rare = task.rare_positions().to(dev)
     policy = cfg.policy(all_seeds).to(dev)
     behaviour = cfg.policy(all_seeds).to(dev).requires_grad_(False)  # the lagged copy
     opt = _adam(policy.parameters(), cfg.lr)
@@ -514,8 +538,8 @@ def _train(plan, cfg, seeds, keep, hook, show):
     runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
     rows, kept, updates = [], [([], []) for _ in all_seeds], 0
-    reads_side = any(getattr(a.m, "side_inputs", ()) for a in plan)
-    draws = [torch.Generator(device=dev).manual_seed(s + _DRAW_SEED) for s in all_seeds]
+    side_of = _side_reader(plan, all_seeds, dev)  # None unless an arm's method reads it
+    hook, show = hook or _ignore, show or _ignore
     for step in range(cfg.steps):
         # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
         if lag:
@@ -523,22 +547,18 @@ def _train(plan, cfg, seeds, keep, hook, show):
         versions = [updates - min(len(history) - 1, a.lag) for a in plan]
         batch = rollout(cfg, behaviour if lag else policy, gens, task)
         logp_old, is_w, weighted = _anchors(plan, policy, batch)  # the ratio's anchor, weight
-        if hook is not None:
-            hook("rollout", _rollout_info(step, versions[0], batch))
+        hook("rollout", _rollout_info(step, versions[0], batch))
 
         # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
         seen = []
         for _ in range(cfg.epochs):
-            perm = torch.stack([torch.randperm(cfg.batch, generator=g, device=dev)
-                                for g in gens])
-            for idx in perm.chunk(cfg.minibatches, dim=1):  # [R, b]: each run's own rows
+            for idx in _shuffles(gens, cfg.batch).chunk(cfg.minibatches, dim=1):  # [R, b]
                 tok, at = batch.tokens[runs, idx], _take(runs, idx)
                 logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
                 logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
-                side = (lab_side(entropy(logits.detach()), at(batch.logp), draws)
-                        if reads_side else None)
+                ent = entropy(logits.detach())
                 loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
-                                  at(batch.mask), at(is_w), side)
+                                  at(batch.mask), at(is_w), side_of(ent, at(batch.logp)))
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
@@ -546,29 +566,23 @@ def _train(plan, cfg, seeds, keep, hook, show):
                 updates += 1
                 if lag:
                     history.append(policy.state())
-                if hook is not None:
-                    hook("update", {"update": updates, "policy": policy})
-                seen.append((idx, logp.detach(), entropy(logits.detach()), grad_norm[:, None],
-                             at(batch.logp)))
+                hook("update", {"update": updates, "policy": policy})
+                seen.append((idx, logp.detach(), ent, grad_norm[:, None], at(batch.logp)))
 
         # METRICS: observation only; each run's row, over all the tokens its updates saw
         idx, logp, ent, norms, sampled = (torch.cat(x, 1) for x in zip(*seen, strict=True))
         at = _take(runs, idx)
         seen_by = logp, at(logp_old), at(batch.adv), at(batch.mask)  # what each update saw
-        # the gate each side-input method saw is recomputed over the step's tokens (its batch
-        # statistics those of the whole step, not of each minibatch); its draw is a fresh one
-        side = lab_side(ent, sampled, draws) if reads_side else None
-        stale = [float(updates - v - (norms.shape[1] + 1) / 2) for v in versions]
+        side = side_of(ent, sampled)  # the step's own batch statistics, and a fresh draw
         rows.append({"step": torch.full((R,), float(step)),
                      **_arms_stats(plan, weighted, *seen_by, ent, at(is_w), batch, cfg.group,
                                    side),
-                     "rare": batch.right[..., rare].float().mean((1, 2)),
+                     "rare": batch.right[..., task.rare_positions().to(dev)].float().mean((1, 2)),
                      "grad_norm": norms.mean(1),
-                     "staleness": torch.tensor(stale).repeat_interleave(len(seeds))})
+                     "staleness": _staleness(updates, versions, norms.shape[1], len(seeds))})
         for a in plan if keep else ():
             _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by), _rows_side(side, a.rows))
-        if show:
-            show(step, rows[-1])
+        show(step, rows[-1])
     return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
 
 
