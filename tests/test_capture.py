@@ -125,9 +125,13 @@ def test_capture_rebuilds_the_trainers_loss(tmp_path_factory, case):
 
 
 @pytest.mark.parametrize("loss_type", ["luspo", "vespo"])
-def test_capture_of_loss_types_rlgates_does_not_map(tmp_path_factory, loss_type):
+def test_capture_of_the_sequence_loss_types(tmp_path_factory, loss_type):
+    """LUSPO and VESPO: settings with rlgates' name for their normaliser, losses as logged."""
+    from rlgates.trainers.conformance_trl import TRL_AGG
+
     trainer, cap = run(tmp_path_factory, loss_type)
-    assert cap.settings["loss_type"] == loss_type and cap.settings["aggregation"] is None
+    assert cap.settings["loss_type"] == loss_type
+    assert cap.settings["aggregation"] == TRL_AGG[loss_type] is not None
     assert_losses_are_the_logged_ones(trainer, cap)
 
 
