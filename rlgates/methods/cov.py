@@ -84,8 +84,8 @@ class ClipCov(_CovPick, SignClip):
                      "cov_high": (0.5, 10.0, 0.1)}
     f_latex = (r"(1-P_t)\begin{cases}\min(\rho_t,\,1+\epsilon_h) & A_t>0\\"
                r"\max(\rho_t,\,1-\epsilon_l) & A_t\le 0\end{cases}")
-    gate_latex = (r"(1-P_t)\big(\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
-                  r"+\mathbf{1}[A_t<0,\ \rho_t>1-\epsilon_l]\big)")
+    gate_latex = (r"(1-P_t)\big(\mathrm{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
+                  r"+\mathrm{1}[A_t<0,\ \rho_t>1-\epsilon_l]\big)")
     gate_text = "DAPO's, and 0 on the picked tokens P (high covariance, random)"
     insight = (
         "Entropy collapses through a few tokens whose log-probability and advantage move "

@@ -48,8 +48,8 @@ class DecoupledDualClip(DualClip):
     }
     f_latex = (r"\begin{cases}\min(\rho_t,\,1+\epsilon_h) & A_t>0\\"
                r"\min\!\big(\max(\rho_t,\,1-\epsilon_l),\,c\big) & A_t\le 0\end{cases}")
-    gate_latex = (r"\begin{gathered}\mathbf{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
-                  r"\\+\,\mathbf{1}[A_t<0,\ 1-\epsilon_l<\rho_t<c]\end{gathered}")
+    gate_latex = (r"\begin{gathered}\mathrm{1}[A_t>0,\ \rho_t<1+\epsilon_h]"
+                  r"\\+\,\mathrm{1}[A_t<0,\ 1-\epsilon_l<\rho_t<c]\end{gathered}")
     gate_text = "DAPO's, and 0 for A<0 once ρ ≥ c"
     insight = (
         "Clip-higher and a ceiling for bad tokens at once: what verl runs when DAPO's clip "

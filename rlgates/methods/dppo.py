@@ -123,8 +123,8 @@ class DPPOTV(DPPO):
     f_latex = (r"G\big(\operatorname{clip}(\rho_t,\,\rho_l,\,\rho_h)\big),\ "
                r"\rho_{l,h}=1\mp\delta_{l,h}/\pi_{\text{old}}\quad\big(\text{loss: }"
                r"M_t\,\operatorname{sg}[\min(\rho_t,c)]\,A_t\log\pi_\theta\big)")
-    gate_latex = (r"\min(1,\,c/\rho_t)\,\big(\mathbf{1}[A_t>0,\ \pi-\pi_{\text{old}}\le\delta_h]"
-                  r"+\mathbf{1}[A_t\le 0,\ \pi-\pi_{\text{old}}\ge-\delta_l]\big)")
+    gate_latex = (r"\min(1,\,c/\rho_t)\,\big(\mathrm{1}[A_t>0,\ \pi-\pi_{\text{old}}\le\delta_h]"
+                  r"+\mathrm{1}[A_t\le 0,\ \pi-\pi_{\text{old}}\ge-\delta_l]\big)")
     gate_text = "min(1, c/ρ), or 0 where π − π_old > δ_h (A>0) or < −δ_l (A≤0)"
     insight = (
         "PPO's window measured in probability, not ratio: a rare token may multiply its "
@@ -172,8 +172,8 @@ class DPPOKL(DPPO):
     f_latex = (r"G\big(\operatorname{clip}(\rho_t,\,\rho_l,\,\rho_h)\big),\ "
                r"\mathrm{kl}(\rho_{l,h}\pi_{\text{old}})=\delta_{l,h}\quad\big(\text{loss: }"
                r"M_t\,\operatorname{sg}[\min(\rho_t,c)]\,A_t\log\pi_\theta\big)")
-    gate_latex = (r"\min(1,\,c/\rho_t)\,\big(\mathbf{1}[A_t>0,\ \pi\le\pi_{\text{old}}\lor"
-                  r"\mathrm{kl}\le\delta_h]+\mathbf{1}[A_t\le 0,\ \pi\ge\pi_{\text{old}}\lor"
+    gate_latex = (r"\min(1,\,c/\rho_t)\,\big(\mathrm{1}[A_t>0,\ \pi\le\pi_{\text{old}}\lor"
+                  r"\mathrm{kl}\le\delta_h]+\mathrm{1}[A_t\le 0,\ \pi\ge\pi_{\text{old}}\lor"
                   r"\mathrm{kl}\le\delta_l]\big)")
     gate_text = "min(1, c/ρ), or 0 where the binary KL(π_old‖π) > δ on the side A pushes π"
     insight = (

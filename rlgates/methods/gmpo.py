@@ -65,8 +65,8 @@ class GMPO(SignClip):
     f_latex = (r"\exp\!\Big(\tfrac{1}{|o|}\textstyle\sum_t \log f_{\rm clip}(\rho_t;A)\Big),\ "
                r"f_{\rm clip}=\begin{cases}\min(\rho_t,\,e^{\epsilon_h}) & A>0\\"
                r"\max(\rho_t,\,e^{-\epsilon_l}) & A\le 0\end{cases}")
-    gate_latex = (r"\begin{gathered}\mathbf{1}[A>0,\ \rho_t<e^{\epsilon_h}]"
-                  r"\\+\,\mathbf{1}[A<0,\ \rho_t>e^{-\epsilon_l}]\end{gathered}")
+    gate_latex = (r"\begin{gathered}\mathrm{1}[A>0,\ \rho_t<e^{\epsilon_h}]"
+                  r"\\+\,\mathrm{1}[A<0,\ \rho_t>e^{-\epsilon_l}]\end{gathered}")
     gate_text = "PPO's on (e^−ε_l, e^ε_h) at ρ_t; the signal carries the response's ρ̄"
     insight = (
         "A geometric mean instead of an arithmetic one: one outlier token moves the response's "

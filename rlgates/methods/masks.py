@@ -164,9 +164,9 @@ class OPSM(OffPolicyMask, DAPO):
     slider_ranges = {**DAPO.slider_ranges, "delta": (0.0, 2.0, 0.01)}
     param_labels = {**DAPO.param_labels, "delta": "δ"}
     explorer = None  # the mask reads the sampler's log-probs and a sequence mean
-    f_latex = (r"f_{\rm DAPO}(\rho_t;A)\cdot\mathbf{1}\big[A\ge 0\ \lor\ "
+    f_latex = (r"f_{\rm DAPO}(\rho_t;A)\cdot\mathrm{1}\big[A\ge 0\ \lor\ "
                r"\tfrac{1}{|y|}\textstyle\sum_t(\log\pi_{\rm samp}-\log\pi_\theta)\le\delta\big]")
-    gate_latex = (r"f'_{\rm DAPO}(\rho_t;A)\cdot\mathbf{1}\big[A\ge 0\ \lor\ "
+    gate_latex = (r"f'_{\rm DAPO}(\rho_t;A)\cdot\mathrm{1}\big[A\ge 0\ \lor\ "
                   r"\overline{\mathrm{KL}}_{y}\le\delta\big]")
     gate_text = "DAPO's, times 0 for a response with A<0 whose mean KL to the sampler is > δ"
     insight = (
@@ -201,8 +201,8 @@ class TopEntropy(EntropyMask, DAPO):
     slider_ranges = {**DAPO.slider_ranges, "top": (0.0, 1.0, 0.01)}
     param_labels = {**DAPO.param_labels, "top": "q"}
     explorer = None  # the mask reads each token's entropy
-    f_latex = r"f_{\rm DAPO}(\rho_t;A)\cdot\mathbf{1}\big[H_t\ge Q_{1-q}(H)\big]"
-    gate_latex = r"f'_{\rm DAPO}(\rho_t;A)\cdot\mathbf{1}\big[H_t\ge Q_{1-q}(H)\big]"
+    f_latex = r"f_{\rm DAPO}(\rho_t;A)\cdot\mathrm{1}\big[H_t\ge Q_{1-q}(H)\big]"
+    gate_latex = r"f'_{\rm DAPO}(\rho_t;A)\cdot\mathrm{1}\big[H_t\ge Q_{1-q}(H)\big]"
     gate_text = "DAPO's, on tokens whose entropy is in the batch's top share q; else 0"
     insight = (
         "Learn only at the forks: the few high-entropy tokens where the policy is choosing "
