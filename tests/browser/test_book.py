@@ -225,8 +225,11 @@ def test_explorer_offers_every_method(explorer):
     assert explorer.locator("article mjx-container").count() > 5
     offered = explorer.eval_on_selector_all("#gx-method option", "os => os.map(o => o.value)")
     assert offered == explorer_methods()
-    # every registered gate of (ρ, A) alone, none listed here (a side-input one has no JS)
-    assert {n for n in rlgates.names() if not rlgates.REGISTRY[n].side_inputs} <= set(offered)
+    # every registered gate of (ρ, A) alone, none listed here (a side-input one has no JS;
+    # DRO's class says why it has none), and at least the article's methods
+    assert {n for n in rlgates.names() if not rlgates.REGISTRY[n].side_inputs
+            and rlgates.REGISTRY[n].explorer is not None} <= set(offered)
+    assert {n for n in rlgates.names() if rlgates.REGISTRY[n].article_row} <= set(offered)
 
 
 def test_explorer_gate_matches_rlgates(explorer):
