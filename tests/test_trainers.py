@@ -622,16 +622,23 @@ def trl_grad(model, logp, old, adv, mask, **flags):
     return float(v.detach()), leaf.grad
 
 
-def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
-    logp, old, adv, mask = verl_batch()
-    adv = adv[:, 0]
-    m = rlgates.get("dapo", eps_low=0.2, eps_high=0.3)
+def assert_adapter_is_trls_dapo(probe_model, m, batch):
+    """TRL's own loss under `m`'s flags equals the adapter's (loss type dapo), value and
+    gradient; returns TRL's value."""
+    logp, old, adv, mask = batch
     v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
     leaf = logp.clone().requires_grad_(True)
     ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
     ours.backward()
     assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
     torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+    return v
+
+
+def test_trl_builtin_loss_matches_the_adapter_on_fixed_tensors(probe_model):
+    logp, old, adv, mask = verl_batch()
+    assert_adapter_is_trls_dapo(probe_model, rlgates.get("dapo", eps_low=0.2, eps_high=0.3),
+                                (logp, old, adv[:, 0], mask))
 
 
 def test_flags_reach_every_trl_loss_type(probe_model):
@@ -686,12 +693,7 @@ def test_trl_flags_of_dapo_dual_clip(probe_model):
     logp, old, adv, mask = verl_batch()
     adv = adv[:, 0]
     m = rlgates.get("dapo_dual_clip", eps_low=0.2, eps_high=0.3)
-    v, g = trl_grad(probe_model, logp, old, adv, mask, **rt.flags(m)["trl"])
-    leaf = logp.clone().requires_grad_(True)
-    ours = rtrl.trl_loss(m, leaf, old, adv, mask, "dapo")
-    ours.backward()
-    assert float(ours.detach()) == pytest.approx(v, rel=1e-12)
-    torch.testing.assert_close(leaf.grad, g, rtol=1e-12, atol=1e-14)
+    v = assert_adapter_is_trls_dapo(probe_model, m, (logp, old, adv, mask))
     v_dapo, _ = trl_grad(probe_model, logp, old, adv, mask,
                          **rt.flags(rlgates.get("dapo", eps_low=0.2, eps_high=0.3))["trl"])
     assert abs(v - v_dapo) > 1e-3
