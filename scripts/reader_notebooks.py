@@ -557,6 +557,20 @@ def _fold(cell, source=True, outputs=True) -> None:
         jup["outputs_hidden"] = True
 
 
+#: A folded cell shows its first line in JupyterLab: a check's first line says what it is.
+FOLD_SIGNPOST = "# Checks the numbers in the text above (folded; it runs with the rest)\n"
+
+
+def signposted(source: str) -> str:
+    """A folded check's source, led by a comment line unless it already starts with one."""
+    return source if source.lstrip().startswith("#") else FOLD_SIGNPOST + source
+
+
+def unsignposted(source: str) -> str:
+    """The chapter's own source of a reader-notebook cell (the fold's signpost taken off)."""
+    return source.removeprefix(FOLD_SIGNPOST)
+
+
 SOLUTION_TAG = "rlgates-solution"  # a solution's code, shown as text: Run All does not run it
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -649,6 +663,7 @@ def reader_notebook(doc: str, nb, book: Book, executed=None):
             cells.append(solution_cell(cell, outputs, page.in_solution))
         elif "remove-cell" in tags:
             _fold(cell)  # checks and glue: they run, folded out of the way
+            cell.source = signposted(cell.source)
         elif "hide-input" in tags or "remove-input" in tags:
             _fold(cell, outputs=exercises)
         elif "hide-output" in tags:

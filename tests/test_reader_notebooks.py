@@ -231,8 +231,10 @@ def test_reader_notebook_cells():
     caption = nb.cells[nb.cells.index(by_source["plt.show()"]) + 1]
     assert caption.cell_type == "markdown" and "> The gate, 2.8." in caption.source
     assert by_source["h = 1"].metadata["jupyter"] == {"source_hidden": True}
-    assert by_source["assert h"].metadata["jupyter"] == {"source_hidden": True,
-                                                         "outputs_hidden": True}
+    # a folded check's first line (all JupyterLab shows of it) says what it is
+    check = by_source[rn.FOLD_SIGNPOST + "assert h"]
+    assert check.metadata["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
+    assert rn.signposted("# own comment\nassert h") == "# own comment\nassert h"
     # the solution's code is folded text, with its output from the build: Run All runs none
     solution = next(c for c in nb.cells if "print(2)" in c.source)
     assert solution.cell_type == "markdown" and solution.metadata["tags"] == [rn.SOLUTION_TAG]
@@ -246,7 +248,7 @@ def test_reader_notebook_cells():
     for c in nb.cells:
         if c.cell_type == "markdown":
             assert rn.myst_leftovers(c.source) == [], c.source
-    assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
+    assert [rn.unsignposted(c.source) for c in nb.cells if c.cell_type == "code"][1:] == \
         [c.source for c in src.cells[:5] if c.cell_type == "code"]
     # without the build's run (or with a stale one), the code alone
     alone = rn.reader_notebook("chapters/07_x", src, make_book(), None)
@@ -372,7 +374,7 @@ def test_built_code_is_the_executed_chapters_code(built):
         src = chapter_sources.read(ROOT / f"{doc}.md")
         solutions = solution_code(doc)
         in_solution = {s for s, _ in solutions}
-        assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
+        assert [rn.unsignposted(c.source) for c in nb.cells if c.cell_type == "code"][1:] == \
             [c.source for c in src.cells if c.cell_type == "code"
              and c.source not in in_solution], doc
         shown = [c.source for c in nb.cells if rn.SOLUTION_TAG in c.metadata.get("tags", [])]

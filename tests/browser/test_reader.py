@@ -188,3 +188,25 @@ def test_explorer_tap_on_a_phone(base_url, offline):
     assert len(seen["marks"]) == 2, seen
     assert abs(seen["marks"][0][0] - x) <= 2 and abs(seen["marks"][0][1] - y) <= 2, (seen, x, y)
     assert not problems, problems
+
+
+def test_live_only_cells_say_where_their_output_is(book_dir, base_url, offline):
+    """A cell whose output exists only in a live notebook (rlgates.explore's sliders) is tagged
+    live-only, and the page shows, under it, a line saying where its output appears."""
+    explore = re.compile(r"rlgates(?:<[^>]+>)*\.(?:<[^>]+>)*explore\b")
+    cells = {rel: [chunk.split('"', 1)[0] for chunk in
+                   (book_dir / rel).read_text(encoding="utf-8").split('<div class="cell ')[1:]
+                   if explore.search(chunk.split("</pre>", 1)[0])]
+             for rel in pages(book_dir) if rel.startswith("chapters/")}
+    found = [(rel, c) for rel, cs in cells.items() for c in cs]
+    assert len(found) >= 4, found
+    assert all("tag_live-only" in c for _, c in found), found
+    problems: list[str] = []
+    page = Tab(offline(), problems).open(base_url + "chapters/07_sapo.html", "ch07")
+    cell = page.locator(".cell.tag_live-only").first
+    note = cell.evaluate("c => [getComputedStyle(c, '::after').content,"
+                         " c.getBoundingClientRect().height,"
+                         " c.querySelector('.cell_input').getBoundingClientRect().height]")
+    assert "sliders" in note[0] and "live" in note[0], note
+    assert note[1] > note[2] + 10, note  # the line takes room under the code
+    assert not problems, problems
