@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -176,6 +177,17 @@ def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, grou
     return out
 
 
+def check_temperature(temperature) -> float:
+    """A sampling temperature as a float; ValueError unless it is finite and > 0."""
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a number, got {temperature!r}") from None
+    if not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    return t
+
+
 class LabPolicy(nn.Module):
     """R independent copies of a tiny autoregressive policy, trained as one computation.
 
@@ -190,15 +202,21 @@ class LabPolicy(nn.Module):
 
     Shapes: prompt [R, B, motif], response [R, B, T] → logits [R, B, T, vocab].
 
+    `temperature` T divides the logits, in sampling and in `logits` alike, as TRL's trainer does
+    with its sampling temperature: the policy the lab samples from, scores and trains is then
+    softmax(z / T), and the entropy it logs is that distribution's (T = 1: the logits themselves).
+
     Its `sample(prompt, length, generators)` and `log_probs(response, prompt)` differ from
     TinyPolicy's on purpose: every run draws from its own generator (so run r samples the same
     tokens alone or batched) and every response has a prompt (the task's motif), where the GRU
     demo policy of Part I samples one batch from one generator after a start marker.
     """
 
-    def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0):
+    def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0,
+                 temperature=1.0):
         super().__init__()
         self.vocab, self.length, self.motif = vocab, length, motif
+        self.temperature = check_temperature(temperature)
         self.seeds = list(seeds)
         runs = [self._one_run(s, vocab, hidden, length, motif, zipf) for s in self.seeds]
         for name in runs[0]:
@@ -246,7 +264,11 @@ class LabPolicy(nn.Module):
         return torch.tanh(self._linear(torch.tanh(x), self.w_body, self.b_body))
 
     def _head(self, x):
-        return self._linear(self._body(x), self.w_head, self.b_head)
+        return self._tempered(self._linear(self._body(x), self.w_head, self.b_head))
+
+    def _tempered(self, logits):
+        """logits / T (T = 1 returns the logits untouched, bit for bit)."""
+        return logits if self.temperature == 1.0 else logits / self.temperature
 
     def logits(self, prompt, response):
         """Next-token logits for each response position: [R, B, T, vocab]. A single run also
@@ -254,7 +276,8 @@ class LabPolicy(nn.Module):
         if response.dim() == 2:
             self._single_run()
             return self.logits(prompt[None], response[None])[0]
-        return self._linear(self.features(prompt, response), self.w_head, self.b_head)
+        return self._tempered(self._linear(self.features(prompt, response), self.w_head,
+                                           self.b_head))
 
     def _single_run(self):
         if self.runs != 1:

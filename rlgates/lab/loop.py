@@ -89,6 +89,7 @@ class LabConfig:
     epochs: int = 1  # passes over the rollout batch
     lr: float = 3e-3  # Adam learning rate
     max_grad_norm: float | None = 1.0  # clip each run's gradient norm (None: no clipping)
+    temperature: float = 1.0  # sampling temperature T: the policy is softmax(logits / T)
     normalize_std: bool = True  # GRPO advantages (False: Dr. GRPO, no division by the std)
     anchor: str = "behaviour"  # ρ against the "behaviour" policy or a "proximal" one
     is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no cap)
@@ -117,7 +118,8 @@ class LabConfig:
 
     def policy(self, seeds=(0,)) -> LabPolicy:
         """Fresh policies, one run per seed (each seed's weights as if built alone)."""
-        pol = LabPolicy(seeds, self.vocab, self.hidden, self.length, self.motif)
+        pol = LabPolicy(seeds, self.vocab, self.hidden, self.length, self.motif,
+                        temperature=self.temperature)
         return pol.to(getattr(torch, self.dtype))
 
     def replace(self, **changes) -> LabConfig:
