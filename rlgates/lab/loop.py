@@ -493,9 +493,10 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         many steps; False: silent).
     keep_log_ratios: keep, per run and step, the token log ρ and the (gate, A) the updates saw.
     hook: optional hook(event, info), called with ("rollout", {step, version, prompts, tokens,
-        logp_behaviour, policy}) after each rollout (policy: the trainer's, as the step begins) and ("update", {update, policy}) after each
-        optimiser step (`update` counts from 1; the policy is then version `update`). With a
-        single seed the tensors have no runs dimension ([B, ...]).
+        logp_behaviour, policy}) after each rollout (policy: the trainer's, as the step
+        begins) and ("update", {update, policy}) after each optimiser step (`update` counts
+        from 1; the policy is then version `update`). With a single seed the tensors have no
+        runs dimension ([B, ...]).
     Same seeds, config and arguments → identical metrics (on the same device and torch).
     """
     name = method_name(method)
@@ -560,7 +561,7 @@ def _train(plan, cfg, seeds, keep, hook, show):
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
     rows, kept, updates = [], [([], []) for _ in all_seeds], 0
     side_of = _side_reader(plan, all_seeds, dev)  # None unless an arm's method reads it
-    moe = _moe_routing(plan, cfg, all_seeds, dev)  # a MoE policy's engine and router replay, or None
+    moe = _moe_routing(plan, cfg, all_seeds, dev)  # a MoE engine and router replay, or None
     hook, show = hook or _ignore, show or _ignore
     for step in range(cfg.steps):
         # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
