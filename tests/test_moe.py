@@ -174,3 +174,44 @@ def test_bad_input_is_refused_with_its_name():
         moe.engine_log_probs(pol, tokens, prompt, "noise")
     with pytest.raises(ValueError, match="moe="):
         moe.drift_after_updates(TINY, [0])
+
+
+@pytest.mark.parametrize("mode", ["disabled", "R2", "R3"])
+def test_lab_replays_what_its_mode_names(mode):
+    """Every update pass of a step gets: nothing (disabled), π_old's own routing on the rollout
+    (R2, recorded as the step begins) or the engine's (R3); the engine here has router noise,
+    so the two recorded routings differ."""
+    cfg = TINY.replace(steps=2, anchor="proximal",
+                       moe=moe.MoEConfig(router_replay=mode, engine="noise", router_noise=0.3))
+    seen, given = {}, []
+
+    def hook(event, info):
+        if event != "rollout":
+            return
+        pol = info["policy"]
+        seen["old"] = pol.routing(info["prompts"][None], info["tokens"][None])
+        if "spy" not in seen:
+            real = pol.routed_logits
+
+            def spy(prompts, tokens, routing=None, noise=None):
+                if tokens.shape[1] == TINY.batch // TINY.minibatches:  # an update pass
+                    given.append((routing, seen["old"]))
+                return real(prompts, tokens, routing, noise)
+            pol.routed_logits = seen["spy"] = spy
+
+    lab.train("ppo", cfg, seeds=[3], progress=False, hook=hook)
+    assert len(given) == 2 * TINY.minibatches
+    for routing, old in given:
+        if mode == "disabled":
+            assert routing is None
+        else:
+            assert routing is not None
+    if mode == "disabled":
+        return
+    # is each replayed response's routing one of π_old's responses' routings?
+    found = [(r[0][:, None] == o[0][None]).flatten(2).all(-1).any(1) for r, o in given]
+    found = torch.cat(found)
+    if mode == "R2":
+        assert found.all()
+    else:  # R3: the engine's noisy routing, not π_old's, for most responses
+        assert found.float().mean() < 0.5
