@@ -201,7 +201,7 @@ def test_lab_replays_what_its_mode_names(mode):
 
     lab.train("ppo", cfg, seeds=[3], progress=False, hook=hook)
     assert len(given) == 2 * TINY.minibatches
-    for routing, old in given:
+    for routing, _ in given:
         if mode == "disabled":
             assert routing is None
         else:
