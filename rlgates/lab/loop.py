@@ -95,6 +95,7 @@ class LabConfig:
     is_cap: float | None = 2.0  # C in min(π_prox/π_behav, C) ("proximal"; None: no cap)
     correction: object | None = None  # "proximal": the weight rule in place of min(·, is_cap)
     threads: int | None = 1  # torch CPU threads during a run (restored after); None: as is
+    moe: object | None = None  # rlgates.moe.MoEConfig: a mixture-of-experts policy (chapter 20)
     dtype: str = "float32"
     device: str = "cpu"
 
@@ -117,7 +118,14 @@ class LabConfig:
         return PatternTask(self.vocab, self.length, self.motif, self.eos, self.rare_tokens)
 
     def policy(self, seeds=(0,)) -> LabPolicy:
-        """Fresh policies, one run per seed (each seed's weights as if built alone)."""
+        """Fresh policies, one run per seed (each seed's weights as if built alone); a
+        rlgates.moe.MoEPolicy when `moe` is set."""
+        if self.moe is not None:
+            if self.temperature != 1.0:
+                raise ValueError("the MoE lab policy samples at temperature 1: got moe with "
+                                 f"temperature={self.temperature!r}")
+            from ..moe import lab_policy
+            return lab_policy(self, seeds)
         pol = LabPolicy(seeds, self.vocab, self.hidden, self.length, self.motif,
                         temperature=self.temperature)
         return pol.to(getattr(torch, self.dtype))
@@ -277,6 +285,7 @@ class Rollout(NamedTuple):
     right: torch.Tensor  # [R, B, T]: the positions answered right
     rewards: torch.Tensor  # [R, B]: the share of positions right
     adv: torch.Tensor  # [R, B]: group advantages (cfg.normalize_std)
+    routing: torch.Tensor | None = None  # [R, B, T, layers, k]: a MoE engine's expert choices
 
 
 @torch.no_grad()
@@ -286,11 +295,16 @@ def rollout(cfg, policy, generators, task=None) -> Rollout:
     task = task or cfg.task()
     prompts = torch.stack([task.prompts(cfg.prompts, g, g.device) for g in generators])
     prompts = prompts.repeat_interleave(cfg.group, 1)
-    tokens, logp = policy.sample(prompts, cfg.length, generators)
+    routing = None
+    if getattr(policy, "records_routing", False):  # a MoE policy: keep its expert choices
+        tokens, logp, routing = policy.sample(prompts, cfg.length, generators, return_routing=True)
+    else:
+        tokens, logp = policy.sample(prompts, cfg.length, generators)
     right = task.right(prompts, tokens)
     rewards = right.float().mean(-1)
     adv = group_advantages(rewards.view(-1, cfg.group), cfg.normalize_std).view_as(rewards)
-    return Rollout(prompts, tokens, logp, task.mask(tokens), right, rewards, adv.to(logp.dtype))
+    return Rollout(prompts, tokens, logp, task.mask(tokens), right, rewards, adv.to(logp.dtype),
+                   routing)
 
 
 @torch.no_grad()
@@ -309,12 +323,14 @@ def _anchor(cfg, prox, logp, mask):
 
 
 @torch.no_grad()
-def _anchors(arms, policy, batch):
+def _anchors(arms, policy, batch, routing=None):
     """Every arm's anchor (`_anchor`), as [R, B, T] tensors: (log π_old, behaviour weight or
-    None, which arms are weighted). π_prox is computed once, for all runs, if an arm needs it."""
+    None, which arms are weighted). π_prox is computed once, for all runs, if an arm needs it
+    (a MoE policy's with `routing` replayed, if given: router replay R3)."""
     prox = None
     if any(a.config.anchor == "proximal" for a in arms):
-        prox = policy.log_probs(batch.tokens, batch.prompts)
+        replay = {} if routing is None else {"routing": routing}
+        prox = policy.log_probs(batch.tokens, batch.prompts, **replay)
     parts = [_anchor(a.config, None if prox is None else prox[a.rows], batch.logp[a.rows],
                      batch.mask[a.rows]) for a in arms]
     weighted = [w is not None for _, w in parts]
@@ -482,9 +498,10 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
         many steps; False: silent).
     keep_log_ratios: keep, per run and step, the token log ρ and the (gate, A) the updates saw.
     hook: optional hook(event, info), called with ("rollout", {step, version, prompts, tokens,
-        logp_behaviour}) after each rollout and ("update", {update, policy}) after each
-        optimiser step (`update` counts from 1; the policy is then version `update`). With a
-        single seed the tensors have no runs dimension ([B, ...]).
+        logp_behaviour, policy}) after each rollout (policy: the trainer's, as the step
+        begins) and ("update", {update, policy}) after each optimiser step (`update` counts
+        from 1; the policy is then version `update`). With a single seed the tensors have no
+        runs dimension ([B, ...]).
     Same seeds, config and arguments → identical metrics (on the same device and torch).
     """
     name = method_name(method)
@@ -528,6 +545,14 @@ def _staleness(updates, versions, n_updates, n_seeds):
     return torch.tensor(stale).repeat_interleave(n_seeds)
 
 
+def _moe_routing(plan, cfg, seeds, dev):
+    """rlgates.moe.LabRouting for a config with `moe` set, else None."""
+    if cfg.moe is None:
+        return None
+    from ..moe import LabRouting
+    return LabRouting(cfg, seeds, dev, anchors={a.config.anchor for a in plan})
+
+
 def _train(plan, cfg, seeds, keep, hook, show):
     """ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's: rows a.rows)."""
     dev, task = torch.device(cfg.device), cfg.task()
@@ -541,22 +566,27 @@ def _train(plan, cfg, seeds, keep, hook, show):
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
     rows, kept, updates = [], [([], []) for _ in all_seeds], 0
     side_of = _side_reader(plan, all_seeds, dev)  # None unless an arm's method reads it
+    moe = _moe_routing(plan, cfg, all_seeds, dev)  # a MoE engine and router replay, or None
     hook, show = hook or _ignore, show or _ignore
     for step in range(cfg.steps):
         # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
         if lag:
             behaviour.load_state_dict(_behaviour(history, plan, seeds))
         versions = [updates - min(len(history) - 1, a.lag) for a in plan]
-        batch = rollout(cfg, behaviour if lag else policy, gens, task)
-        logp_old, is_w, weighted = _anchors(plan, policy, batch)  # the ratio's anchor, weight
-        hook("rollout", _rollout_info(step, versions[0], batch))
+        source = behaviour if lag else policy
+        batch = rollout(cfg, moe.engine(source) if moe else source, gens, task)
+        replayed = moe.start(policy, batch) if moe else None  # R3: the engine's routing
+        logp_old, is_w, weighted = _anchors(plan, policy, batch, replayed)  # anchor, weight
+        hook("rollout", {**_rollout_info(step, versions[0], batch), "policy": policy})
 
         # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
         seen = []
         for _ in range(cfg.epochs):
             for idx in _shuffles(gens, cfg.batch).chunk(cfg.minibatches, dim=1):  # [R, b]
                 tok, at = batch.tokens[runs, idx], _take(runs, idx)
-                logits = policy.logits(batch.prompts[runs, idx], tok)  # [R, b, T, vocab]
+                logits = (moe.logits(policy, batch.prompts[runs, idx], tok, runs, idx,
+                                     at(batch.mask)) if moe
+                          else policy.logits(batch.prompts[runs, idx], tok))  # [R, b, T, V]
                 logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
                 ent = entropy(logits.detach())
                 loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
@@ -581,7 +611,8 @@ def _train(plan, cfg, seeds, keep, hook, show):
                                    side),
                      "rare": batch.right[..., task.rare_positions().to(dev)].float().mean((1, 2)),
                      "grad_norm": norms.mean(1),
-                     "staleness": _staleness(updates, versions, norms.shape[1], len(seeds))})
+                     "staleness": _staleness(updates, versions, norms.shape[1], len(seeds)),
+                     **(moe.metrics() if moe else {})})
         for a in plan if keep else ():
             _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by), _rows_side(side, a.rows))
         show(step, rows[-1])
