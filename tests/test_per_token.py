@@ -10,6 +10,7 @@ or a ρ_s taken over them, would differ. Also: verl's advantage estimators read 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -161,6 +162,13 @@ def test_trls_sequence_level_spreads_each_responses_mean_gradient(trl_trainer):
     ours_row = gradient(lambda lp: trl_trainer.rtrl.trl_loss(GSPO, lp, b.logp_old, row_adv,
                                                              b.mask, "grpo"), b)
     torch.testing.assert_close(ours_row[1], theirs_row[1], rtol=1e-12, atol=1e-15)
+
+
+def test_the_conventions_page_states_the_rule():
+    page = " ".join((Path(__file__).resolve().parents[1] / "conventions.md").read_text().split())
+    assert ("gates token $t$ at $(\\rho_s, A_t)$ and gives it the gradient of its own $A_t$ "
+            "(GSPO-token), as verl's `gspo` does.") in page
+    assert "gives every token of a response that response's mean gradient" in page
 
 
 def test_trl_multiplies_its_tool_mask_into_the_loss_mask():
