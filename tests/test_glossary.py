@@ -19,6 +19,8 @@ QUANTITIES = {
     "signal": ["m.signal(ratio, adv)"],
     "group advantage": ["rlgates.group_advantages(rewards)"],
     "aggregation": ["rlgates.aggregation_weight(mask, agg)"],
+    "GAE": ["rlgates.advantages.gae(rewards, values, mask, gamma, lam)"],
+    "value model": ["rlgates.advantages.value_loss(values, values_old, returns, mask)"],
 }
 
 
@@ -77,3 +79,22 @@ def test_no_chapter_averages_the_shares_by_sign_by_hand():
     assert pattern.search(old_form)  # the pattern finds the form it forbids
     for chapter in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md")):
         assert not pattern.search(chapter.read_text()), chapter.name
+
+
+def test_the_advantage_entries_name_real_signatures():
+    """The calls the GAE and value-model entries write are the library's own: the function
+    exists and its first parameters are the ones named, in that order."""
+    import inspect
+
+    entries = glossary_entries()
+    for term in ("GAE", "value model"):
+        (call,) = QUANTITIES[term]
+        dotted, args = call[:-1].split("(")
+        obj = rlgates
+        for part in dotted.split(".")[1:]:
+            obj = getattr(obj, part)
+        names = [a.strip() for a in args.split(",")]
+        assert list(inspect.signature(obj).parameters)[:len(names)] == names, call
+        assert "chapter 19" in entries[term]
+    # negative control: a misnamed argument is caught
+    assert list(inspect.signature(rlgates.advantages.gae).parameters)[:2] != ["rewards", "value"]

@@ -144,6 +144,14 @@ class GSPO(SignClip):
     The loss uses GSPO-token's form (as trainers write it): token t sees
     s_t = exp(logp_t − sg(logp_t) + sg(log ρ_s)), whose value is ρ_s and whose gradient carries
     token t's own ∇log π. With one advantage per sequence this equals GSPO exactly.
+
+    Advantages per token ([B, T], e.g. from GAE): each token is gated at (ρ_s, A_t), so one
+    response can have tokens shut (A_t > 0 past 1 + ε_h) beside tokens open (A_t < 0), and
+    token t's gradient is −w_t·f'(ρ_s; A_t)·ρ_s·A_t: GSPO-token as its paper defines it, and
+    verl's gspo. TRL's importance_sampling_level="sequence" has the same loss value but
+    differentiates through ρ_s, so every token of a response gets that response's mean of
+    these gradients (tests/test_per_token.py). ρ_s is taken over the mask's tokens only: a
+    multi-turn response's tool tokens (mask 0) do not enter it.
     """
 
     name, title, date, order, level = "gspo", "GSPO", "July 2025", 6, "sequence"

@@ -21,7 +21,8 @@ would pay):
                            it ("GRPOTrainer._compute_loss"), whitespace collapsed to one space
     says(path, *snippets, name=None)   asserts that each snippet is in `code(path, name)`
     registered(path, decorator)        the names a file registers with a decorator, e.g. verl's
-                           policy losses (`register_policy_loss("gspo")`)
+                           policy losses (`register_policy_loss("gspo")`) or its advantage
+                           estimators (`register_adv_est(AdvantageEstimator.GAE)`)
 
 Defaults are the user-facing ones, never a docstring, a function's fallback or a nested
 dataclass's default where the user's config differs. Where they disagree today: verl's
@@ -109,14 +110,40 @@ def says(relative: str, *snippets: str, name: str | None = None) -> None:
         assert snippet in text, f"{relative}{':' + name if name else ''} no longer says {snippet!r}"
 
 
+def _string_constants(relative: str) -> dict:
+    """{"Class.NAME": "value"} for every `NAME = "value"` in a class body of the file (an enum's
+    members, which verl's advantage estimators are registered by)."""
+    found = {}
+    for cls in ast.walk(_tree(relative)):
+        if isinstance(cls, ast.ClassDef):
+            for node in cls.body:
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                        and isinstance(node.value.value, str):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            found[f"{cls.name}.{target.id}"] = node.value.value
+    return found
+
+
 def registered(relative: str, decorator: str) -> list:
-    """The names given to `@decorator("name")` in an installed file, in order."""
+    """The names given to `@decorator("name")` in an installed file, in order; a member of an
+    enum defined in the same file, `@decorator(Enum.MEMBER)`, counts by its string value."""
+    constants = _string_constants(relative)
     names = []
     for node in ast.walk(_tree(relative)):
         for dec in getattr(node, "decorator_list", ()):
-            if isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == decorator \
-                    and dec.args and isinstance(dec.args[0], ast.Constant):
-                names.append(dec.args[0].value)
+            if not (isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == decorator
+                    and dec.args):
+                continue
+            arg = dec.args[0]
+            if isinstance(arg, ast.Constant):
+                names.append(arg.value)
+            elif isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name):
+                key = f"{arg.value.id}.{arg.attr}"
+                if key not in constants:
+                    raise LookupError(f"{relative}: @{decorator}({key}) names no string "
+                                      "constant of a class in that file")
+                names.append(constants[key])
     return names
 
 
