@@ -17,6 +17,10 @@ vacuously: ρ ≠ 1 on every token, tokens clipped on both sides and past c, rag
 counts that differ per micro-batch and per rank; and three wrong losses (no dual clip, a
 per-micro-batch token mean, the loss ×2) are told apart. The numbers the book states go to
 rlgates/trainers/engine_runs.json["verl"] (tests/engines/record.py).
+
+Per-token advantages (GAE) go through the same update, built-ins against adapters, with
+controls ("verl_per_token"); and padding-free batches: the width seq-mean-token-sum-norm
+divides by, per micro-batch, with and without loss_scale_factor ("verl_padding").
 Slow (about a minute on a quiet two-core machine): marked `engine`, run serially by tasks.py.
 
 The TRL shim: without it verl's `apply_monkey_patch` raises the ImportError about TRL's removed

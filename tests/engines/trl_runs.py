@@ -12,6 +12,8 @@ and window length. The one-process launch also measures the normalisers (`spg_ag
 merged into OUT.json under "one_process" or "two_process" (tests/engines/test_trl_engine.py
 asserts on them; a later chapter reads them). Two processes: gloo on the CPU (use_cpu=True);
 `accelerate launch --cpu --num_processes 2` starts one process, so use torchrun.
+The one-process launch also runs per-token advantages (`per_token_runs`, TRL's real update;
+`per_token_loss_level`, TRL's _compute_loss on a hand-built batch).
 """
 
 from __future__ import annotations

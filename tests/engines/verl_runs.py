@@ -13,6 +13,12 @@ which the two-process run compares its own against (tests/engines/test_verl_engi
 both). The one-process launch also checks the TRL shim, verl's worker imports and the
 registration in a local Ray cluster, so that verl is imported once. CPU workarounds:
 tests/verl_cpu.py.
+
+Two more sets of cases on the same worker: the batch again with per-token advantages (GAE,
+`token_advantages`) under the built-ins and the adapters ("token"), and, in one process, a
+batch in verl's padding-free v1 layout and in the legacy padded one under
+seq-mean-token-sum-norm, split two ways, with loss_scale_factor unset or set, and once with
+the packed forward ("padding": what width each micro-batch's loss saw, and the gradient).
 """
 
 from __future__ import annotations
