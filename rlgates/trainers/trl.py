@@ -29,6 +29,17 @@ them. A method without one (sao, reinforce, your own) logs no clip metric under 
 loss, so every method logs it. Every method also logs rlgates' own `rlgates/gate_mean` and
 `rlgates/gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens, averaged over
 processes).
+
+Per-token advantages. TRL's GRPOTrainer scores one advantage per completion
+(`_generate_and_score_completions`: shape [B]); its `_compute_loss` also takes [B, T], for
+subclasses that provide them. The adapter takes either, wherever TRL hands them on
+(`inputs["advantages"]`, buffered and split by rows only), so a subclass that rewrites them
+after scoring (GAE from a critic, process rewards) reaches it unchanged. With per-token A the
+adapter equals TRL's own loss for every token-level method. It does not for the sequence-level
+ratio methods (gspo, luspo; `importance_sampling_level="sequence"`): TRL differentiates ρ_s
+through the mean log-ratio, so every token's gradient carries its row's mean gated A, while the
+rlgates method uses GSPO-token's form, token t carrying its own A_t, as verl's gspo does. With
+one A per row the two agree. tests/engines/test_trl_engine.py measures both.
 """
 
 from __future__ import annotations
@@ -225,12 +236,12 @@ def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, en
     log-probs, instead of the model's: a scalar differentiable in `logp`, so that TRL's gradient
     with respect to each token's log-prob can be read and compared (the book's chapter 14).
 
-    logp, logp_old, mask: [B, T]; adv: [B]. num_items_in_batch: TRL's global token count (dapo,
-    cispo); None: this batch's tokens. entropy: [B, T], the per-token entropies TRL logs and
-    its entropy mask reads (zeros if None). extra_inputs: more of TRL's `inputs`, e.g.
-    `sampling_per_token_logps` (the off-policy mask's sampler) or `importance_sampling_ratio`
-    (vLLM's correction, which vespo folds into its weight). TRL's metrics for the batch are
-    appended to `trainer._metrics`.
+    logp, logp_old, mask: [B, T]; adv: [B], or [B, T] per token. num_items_in_batch: TRL's
+    global token count (dapo, cispo); None: this batch's tokens. entropy: [B, T], the
+    per-token entropies TRL logs and its entropy mask reads (zeros if None). extra_inputs:
+    more of TRL's `inputs`, e.g. `sampling_per_token_logps` (the off-policy mask's sampler) or
+    `importance_sampling_ratio` (vLLM's correction, which vespo folds into its weight). TRL's
+    metrics for the batch are appended to `trainer._metrics`.
     """
     B, T = logp.shape
     mask = mask.long()

@@ -25,8 +25,17 @@ verl/workers/config/model.py). (verl also imports the comma-separated modules of
 variable VERL_USE_EXTERNAL_MODULES wherever `verl` itself is imported, if that variable reaches
 the workers.)
 
+Advantages. verl passes them as [B, T], one per token (its estimators write GRPO's constant
+along each row, GAE's varying), and the adapter uses them per token, in its loss and in its
+metrics, as verl's own losses do. A [B] tensor (one per row) is taken too, and gives the same
+loss as the same A on every token (tests/engines/test_verl_engine.py, with GAE advantages in
+verl's actor update).
+
 The aggregation follows verl's `loss_agg_mode` (and so its global batch information: dp_size,
-batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do; pass
+batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do. Under
+seq-mean-token-sum-norm without loss_scale_factor that divisor is the width of the tensors the
+loss is given: on verl's padding-free batches (the v1 trainer) each micro-batch's longest
+response, which the micro-batch split changes (chapter 14 measures it). Pass
 `agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean). The gate comes
 from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read. Rollout correction
 weights (`rollout_is_weights`, off by default) multiply each token's objective, as in verl.

@@ -261,3 +261,90 @@ def summary(runs) -> dict:
 def test_summary_is_the_committed_one(runs):
     """The numbers chapter 14 states (rlgates.trainers.engine_runs()["trl"]) are this run's."""
     record.check("trl", summary(runs))
+
+
+# --- per-token advantages --------------------------------------------------------------------
+def _steps_equal(a, b, loss_rel, grad_rel):
+    assert len(a) == len(b) == 4
+    for r, o in zip(b, a, strict=True):
+        assert r["reward"] == o["reward"]  # the same completions: lock-step
+        assert rel(o["loss"], r["loss"]) < loss_rel, (r, o)
+        assert rel(o["grad_norm"], r["grad_norm"]) < grad_rel, (r, o)
+        for k in CLIP_KEYS:
+            assert (r[k] is None) == (o[k] is None) and (r[k] is None or abs(r[k] - o[k]) < 1e-6)
+
+
+def test_trls_real_update_carries_per_token_advantages(runs):
+    """TRL's dapo, 4 steps: a subclass rewrites TRL's [B] advantages as GAE per token after
+    scoring (tests/engines/trl_runs.py says where in TRL). The adapter then follows TRL's own
+    loss step by step; and the per-token A is not vacuous: it changes sign inside rows of every
+    generation batch, the gate clips on the second pass, and the run leaves TRL's [B] run."""
+    e = runs["one_process"]["per_token"]["engine"]
+    r = e["runs"]
+    assert all(n >= 3 for n in r["builtin_gae"]["sign_change_rows"])
+    assert r["adapter_gae"]["sign_change_rows"] == r["builtin_gae"]["sign_change_rows"]
+    assert r["builtin_row"]["sign_change_rows"] == [0, 0]
+    c = e["compare"]["gae_adapter_vs_builtin"]
+    _steps_equal(c["ours"], c["ref"], 1e-5, 1e-4)
+    assert c["max_abs_dW"] < 1e-5
+    assert sum((s["clip_ratio/region_mean"] or 0) > 0 for s in c["ref"]) >= 2
+    ctl = e["compare"]["gae_vs_B_control"]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(ctl["ours"], ctl["ref"],
+                                                            strict=True)) > 1e-2
+    assert ctl["max_abs_dW"] > 1e-2
+
+
+def test_per_token_advantages_constant_along_rows_equal_trls_B(runs):
+    """The negative control: per-token A equal to the row's A on every token gives TRL's [B] run,
+    with TRL's loss (exactly) and with the adapter (to float32 rounding)."""
+    e = runs["one_process"]["per_token"]["engine"]
+    c = e["compare"]["row_builtin_vs_B"]
+    _steps_equal(c["ours"], c["ref"], 1e-12, 1e-12)
+    assert c["max_abs_dW"] == 0.0
+    c = e["compare"]["row_adapter_vs_B"]
+    _steps_equal(c["ours"], c["ref"], 1e-5, 1e-4)
+    assert c["max_abs_dW"] < 1e-5
+
+
+def test_per_token_loss_level_against_trls_compute_loss(runs):
+    """Every method with a TRL built-in the adapter carries, on one hand-built batch with per-token
+    A: the adapter equals TRL's _compute_loss (value, gradient per token, metrics), except the
+    sequence-level ratio methods (gspo, luspo). There TRL's loss differentiates ρ_s through the
+    mean log-ratio, so every token's gradient carries the row's mean gated A; the adapter, like
+    verl's gspo (test_verl_engine), uses GSPO-token's form: token t carries its own A_t. With A
+    constant along the rows (the control) they agree."""
+    d = runs["one_process"]["per_token"]["loss_level"]
+    assert d["sign_change_rows"] >= 2
+    methods = {k: v for k, v in d.items() if isinstance(v, dict)}
+    assert {"dapo", "grpo", "sapo", "cispo", "vespo", "gspo", "luspo"} <= set(methods)
+    for name, x in methods.items():
+        for kind in ("token", "row"):
+            assert x[kind]["metrics_equal"], (name, kind)
+            assert x[kind]["dloss"] < 1e-6 * max(1.0, x[kind]["grad_scale"]), (name, kind)
+        assert x["row"]["dgrad"] < 1e-6, name
+        if x["level"] == "sequence":
+            assert x["token"]["dgrad"] > 0.05 * x["token"]["grad_scale"], name
+        else:
+            assert x["token"]["dgrad"] < 1e-6, name
+
+
+def per_token_summary(runs) -> dict:
+    pt = runs["one_process"]["per_token"]
+    e = pt["engine"]
+
+    def gap(c):
+        return {"max_rel_dloss": max(rel(o["loss"], r["loss"])
+                                     for r, o in zip(c["ref"], c["ours"], strict=True)),
+                "max_abs_dW": c["max_abs_dW"]}
+
+    return {"engine": {k: gap(c) for k, c in e["compare"].items()},
+            "sign_change_rows": e["runs"]["builtin_gae"]["sign_change_rows"],
+            "loss_level": {k: {"level": v["level"], "loss_type": v["loss_type"],
+                               "token_dgrad": v["token"]["dgrad"],
+                               "row_dgrad": v["row"]["dgrad"],
+                               "grad_scale": v["token"]["grad_scale"]}
+                           for k, v in pt["loss_level"].items() if isinstance(v, dict)}}
+
+
+def test_per_token_summary_is_the_committed_one(runs):
+    record.check("trl_per_token", per_token_summary(runs))

@@ -17,6 +17,10 @@ vacuously: ρ ≠ 1 on every token, tokens clipped on both sides and past c, rag
 counts that differ per micro-batch and per rank; and three wrong losses (no dual clip, a
 per-micro-batch token mean, the loss ×2) are told apart. The numbers the book states go to
 rlgates/trainers/engine_runs.json["verl"] (tests/engines/record.py).
+
+Per-token advantages (GAE) go through the same update, built-ins against adapters, with
+controls ("verl_per_token"); and padding-free batches: the width seq-mean-token-sum-norm
+divides by, per micro-batch, with and without loss_scale_factor ("verl_padding").
 Slow (about a minute on a quiet two-core machine): marked `engine`, run serially by tasks.py.
 
 The TRL shim: without it verl's `apply_monkey_patch` raises the ImportError about TRL's removed
@@ -279,3 +283,145 @@ def summary(runs) -> dict:
 
 def test_summary_matches_the_committed_one(runs):
     record.check("verl", summary(runs))
+
+
+# --- per-token advantages (GAE) --------------------------------------------------------------
+TOKEN_PAIRS = {"dual_clip": ("rlgates_dual_clip", "vanilla_c3"),
+               "ppo": ("rlgates_ppo", "vanilla_cinf"), "gspo": ("rlgates_gspo", "gspo")}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_per_token_batch_is_not_vacuous(runs, world):
+    """A from GAE varies along the rows and changes sign inside several; the gates still act on
+    both sides (and past c), and GSPO keeps some rows and clips others."""
+    t = runs[world]["token"]
+    assert t["adv_sign_change_rows"] >= 3
+    g = t["gate"]
+    assert g["clipped_upper"] > 0 and g["clipped_lower"] > 0 and g["dual_clipped"] > 0
+    assert g["inside"] > 0 and g["min_distance_to_a_bound"] > 1e-3
+    assert t["gspo_rows"]["inside"] > 0 and t["gspo_rows"]["outside"] > 0
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("pair", list(TOKEN_PAIRS))
+def test_adapter_equals_builtin_with_per_token_advantages(runs, world, pair):
+    t = runs[world]["token"]
+    ours, ref = (t["cases"][k] for k in TOKEN_PAIRS[pair])
+    assert t["compare"][pair]["grad_rel"] < TOL
+    assert rel(ours["grad_norm"], ref["grad_norm"]) < TOL and ref["grad_norm"] > 0.1
+    assert abs(ours["loss"] - ref["loss"]) < TOL
+    for a, b in zip(ours["micro_losses"], ref["micro_losses"], strict=True):
+        assert abs(a - b) < TOL
+    assert abs(ours["loss"] - t["own_loss"][TOKEN_PAIRS[pair][0]]) < TOL
+    assert set(ours["logged"]) == set(ref["logged"]) == set(METRICS)
+    for k in METRICS:
+        assert abs(ours["logged"][k] - ref["logged"][k]) < 1e-7, k
+        for a, b in zip(ours["micro_metrics"], ref["micro_metrics"], strict=True):
+            assert abs(a[k] - b[k]) < 1e-7, (k, a, b)
+    if pair == "dual_clip":  # the dual clip acted on an A < 0 token of a mixed-sign row
+        assert ref["logged"]["actor/pg_clipfrac_lower"] > 0.01
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_per_token_negative_controls(runs, world):
+    """verl always passes A as [B, T]. Called with one A per row ([B]) on the micro-batches of
+    the row-A run (constant along each row), the adapter gives the same loss and gradient,
+    exactly; the per-token run's gradient is far from the row run's, and replacing its A by the
+    row means changes the loss."""
+    t = runs[world]["token"]
+    d = t["adapter_called_directly"]
+    assert d["row_constant"]
+    assert d["row_dloss"] == 0.0 and d["row_dgrad"] == 0.0
+    assert d["tok_dloss"] > 1e-3
+    assert t["token_vs_row_grad_rel"] > 0.1
+
+
+# --- padding-free batches --------------------------------------------------------------------
+PAD = ("v1_fixed_T", "v1_fixed_L", "v1_dynamic_T", "v1_dynamic_L", "padded_fixed_T",
+       "padded_fixed_L", "padded_dynamic_T", "padded_dynamic_L", "v1_fixed_T_packed")
+
+
+def _pairs_of(lengths):
+    return [max(lengths[i:i + 2]) for i in range(0, len(lengths), 2)]
+
+
+def test_padding_free_loss_sees_each_micro_batchs_longest_response(runs):
+    """verl's v1 batch is unpadded, but ppo_loss pads each micro-batch again: the loss sees a
+    width equal to the micro-batch's longest response, which the split changes; the legacy
+    padded batch keeps the rollout's width on every micro-batch. verl's packed forward
+    (use_remove_padding) changes nothing the loss sees."""
+    p = runs["one_process"]["padding"]
+    c = {k: p["cases"][f"{k}/vanilla"] for k in PAD}
+    assert set(p["cases"]) == {f"{k}/{m}" for k in PAD for m in ("vanilla", "rlgates_dual_clip")}
+    assert c["v1_fixed_T"]["widths"] == _pairs_of(p["lengths"]) == [7, 5, 3, 4]
+    for k in PAD:  # the width is each micro-batch's longest response, log-probs re-padded alike
+        x = c[k]
+        assert x["log_prob_widths"] == x["widths"]
+        if k.startswith("v1"):
+            assert x["widths"] == [max(r) for r in x["row_lengths"]]
+        else:
+            assert set(x["widths"]) == {p["width"]} and p["width"] > max(p["lengths"])
+        assert sum(x["rows"]) == len(p["lengths"])
+    dyn = c["v1_dynamic_T"]
+    assert dyn["widths"] != c["v1_fixed_T"]["widths"] and len(set(dyn["rows"])) > 1
+    packed = c["v1_fixed_T_packed"]
+    assert packed["use_remove_padding"] and packed["widths"] == c["v1_fixed_T"]["widths"]
+    assert packed["grad_rel_vs_v1_fixed_T"] < TOL
+    assert max(p["adapter_vs_builtin"].values()) < TOL  # the adapter is verl's, in every case
+
+
+def test_padding_free_normaliser_with_and_without_loss_scale_factor(runs):
+    """seq-mean-token-sum-norm divides every micro-batch by loss_scale_factor when it is set, by
+    the width the loss saw otherwise (verl's agg_loss: loss_mask.shape[-1]). With the factor,
+    the gradient is the same whatever the layout and the split, and equals the whole batch's at
+    that constant; without it, it changes with the split and with padding."""
+    p = runs["one_process"]["padding"]
+    for key, x in p["cases"].items():
+        assert abs(x["loss"] - x["closed_form_micro"]) < TOL, key
+    c = {k: p["cases"][f"{k}/vanilla"] for k in PAD}
+    for k in ("v1_fixed_L", "v1_dynamic_L", "padded_fixed_L", "padded_dynamic_L",
+              "padded_fixed_T", "padded_dynamic_T"):  # the padded width is the same constant
+        assert c[k]["grad_rel_vs_v1_fixed_L"] < TOL, k
+        assert abs(c[k]["loss"] - c[k]["closed_form_whole_L"]) < TOL, k
+    for k in ("v1_fixed_T", "v1_dynamic_T"):
+        assert c[k]["grad_rel_vs_v1_fixed_L"] > 0.5, k
+        assert abs(c[k]["loss"] - c[k]["closed_form_whole_L"]) > 1e-3, k
+        assert abs(c[k]["loss"] - c[k]["closed_form_whole_longest"]) > 1e-3, k
+    assert c["v1_dynamic_T"]["grad_rel_vs_v1_fixed_T"] > 0.5  # the split alone moves it
+    assert c["v1_fixed_T"]["grad_norm"] > c["v1_fixed_L"]["grad_norm"]  # narrower divisors
+
+
+def token_summary(runs) -> dict:
+    out = {}
+    for w in WORLDS:
+        t = runs[w]["token"]
+        out[w] = {p: {"grad_rel": _sig(t["compare"][p]["grad_rel"], 2),
+                      "loss": _sig(t["cases"][TOKEN_PAIRS[p][1]]["loss"]),
+                      "grad_norm": _sig(t["cases"][TOKEN_PAIRS[p][1]]["grad_norm"])}
+                  for p in TOKEN_PAIRS}
+        out[w]["token_vs_row_grad_rel"] = _sig(t["token_vs_row_grad_rel"], 3)
+    t = runs["one_process"]["token"]
+    out["batch"] = {"sign_change_rows": t["adv_sign_change_rows"], **t["gspo_rows"],
+                    **{k: t["gate"][k] for k in ("clipped_upper", "clipped_lower",
+                                                 "dual_clipped")}}
+    return out
+
+
+def padding_summary(runs) -> dict:
+    p = runs["one_process"]["padding"]
+    cases = {k: {"widths": x["widths"], "rows": x["rows"], "loss": _sig(x["loss"]),
+                 "grad_norm": _sig(x["grad_norm"]),
+                 "grad_rel_vs_constant": _sig(x["grad_rel_vs_v1_fixed_L"], 2),
+                 "loss_scale_factor": x["loss_scale_factor"],
+                 "use_remove_padding": x["use_remove_padding"]}
+             for k, x in ((k, p["cases"][f"{k}/vanilla"]) for k in PAD)}
+    return {"lengths": p["lengths"], "width": p["width"], "token_budget": p["token_budget"],
+            "cases": cases,
+            "adapter_vs_builtin_max": _sig(max(p["adapter_vs_builtin"].values()), 2),
+            "closed_form_max_abs": _sig(max(abs(x["loss"] - x["closed_form_micro"])
+                                            for x in p["cases"].values()), 2)}
+
+
+def test_per_token_and_padding_summaries_match_the_committed_ones(runs):
+    record.check("verl_per_token", token_summary(runs))
+    record.check("verl_padding", padding_summary(runs))

@@ -12,6 +12,8 @@ and window length. The one-process launch also measures the normalisers (`spg_ag
 merged into OUT.json under "one_process" or "two_process" (tests/engines/test_trl_engine.py
 asserts on them; a later chapter reads them). Two processes: gloo on the CPU (use_cpu=True);
 `accelerate launch --cpu --num_processes 2` starts one process, so use torchrun.
+The one-process launch also runs per-token advantages (`per_token_runs`, TRL's real update;
+`per_token_loss_level`, TRL's _compute_loss on a hand-built batch).
 """
 
 from __future__ import annotations
@@ -88,6 +90,137 @@ class LocalMean(rtrl.RlgatesGRPOTrainer):
         return super().compute_loss(model, {**inputs, "num_items_in_batch": n}, return_outputs)
 
 
+# --- per-token advantages ------------------------------------------------------------------
+# TRL 1.16.0's GRPOTrainer computes one advantage per completion (grpo_trainer.py,
+# _generate_and_score_completions: `advantages = rewards - mean_grouped_rewards`, shape (B,)),
+# and its _compute_loss takes (B, T) too ("To support subclasses that provide advantages with
+# shape (B, T), we *conditionally* unsqueeze"). Between the two the batch is only shuffled and
+# split by rows (_prepare_inputs: shuffle_sequence_dict, split_tensor_dict), so a subclass that
+# rewrites `advantages` after scoring carries per-token A through TRL's real update path.
+TOKEN_GAMMA, TOKEN_LAM = 0.9, 0.8
+
+
+def per_token(out, kind):
+    """[B, T] advantages from TRL's [B] ones: "row", each row's A on every token (a negative
+    control: the same loss as [B]); "gae", GAE (rlgates.advantages.gae) of the row's A as a
+    reward on its last real token against made-up values that depend on the token ids (so two
+    runs with the same completions get the same A)."""
+    a, mask = out["advantages"], out["completion_mask"].bool()
+    if kind == "row":
+        return a[:, None].expand(mask.shape).clone()
+    r = torch.zeros(mask.shape, dtype=torch.float64)
+    last = mask.sum(-1) - 1
+    rows = torch.nonzero(last >= 0).flatten()
+    r[rows, last[rows]] = a[rows].double()
+    ids = out["completion_ids"].double()
+    pos = torch.arange(mask.shape[1], dtype=torch.float64)
+    values = 0.8 * torch.cos(1.7 * ids + 0.9 * pos)
+    adv, _ = rlgates.advantages.gae(r, values, mask, TOKEN_GAMMA, TOKEN_LAM)
+    return adv.to(a.dtype)
+
+
+def _per_token(base, kind):
+    class PerToken(base):
+        """`base` with per-token advantages written after TRL scores the completions; records, per
+        generation batch, how many rows' A takes both signs."""
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            out["advantages"] = per_token(out, kind)
+            a, m = out["advantages"], out["completion_mask"].bool()
+            both = ((a > 0) & m).any(-1) & ((a < 0) & m).any(-1)
+            self.sign_change_rows.append(int(both.sum()))
+            return out
+
+    PerToken.__name__ = f"PerToken{kind.capitalize()}{base.__name__}"
+    return PerToken
+
+
+def per_token_runs(out):
+    """TRL's dapo over 4 steps, lock-step: [B] advantages (TRL's own); per-token A constant along
+    each row, with TRL's loss and with the adapter; GAE per-token A, with both."""
+    m = method_for("dapo")
+    args = config(output_dir=out, **flags_for("dapo", m), max_steps=4)
+    runs, W = {}, {}
+    for name, cls, kw in (
+            ("builtin_B", GRPOTrainer, {}),
+            ("builtin_row", _per_token(GRPOTrainer, "row"), {}),
+            ("adapter_row", _per_token(Counting, "row"), {"method": m}),
+            ("builtin_gae", _per_token(GRPOTrainer, "gae"), {}),
+            ("adapter_gae", _per_token(Counting, "gae"), {"method": m})):
+        t, steps, W[name] = train(cls, args, **kw)
+        runs[name] = {"steps": steps, "sign_change_rows": getattr(t, "sign_change_rows", None)}
+    pairs = {"row_builtin_vs_B": ("builtin_row", "builtin_B"),
+             "row_adapter_vs_B": ("adapter_row", "builtin_B"),
+             "gae_adapter_vs_builtin": ("adapter_gae", "builtin_gae"),
+             "gae_vs_B_control": ("builtin_gae", "builtin_B")}
+    return {"runs": runs, "compare": {k: {"ours": runs[a]["steps"], "ref": runs[b]["steps"],
+                                          "max_abs_dW": dW(W[a], W[b])}
+                                      for k, (a, b) in pairs.items()}}
+
+
+def per_token_loss_level():
+    """TRL's own _compute_loss (builtin_loss) against the adapter (trl_loss and metrics) on one
+    hand-built batch, for every method with a TRL built-in that the adapter carries: ragged rows
+    (one empty), GAE per-token A that changes sign inside rows, and the same A averaged per row
+    on every token (the control). Returns, per method, the largest |Δ gradient| per token-log-prob
+    and |Δ loss| for each A, and whether TRL's logged metrics equal the adapter's."""
+    from tests.trl_run import MAX_LEN, tiny_model
+
+    B, T = 6, MAX_LEN
+    lengths = [8, 3, 5, 1, 0, 6]
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    logp = old + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5) * 1.2
+    ent = torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    r = torch.zeros(B, T, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        if n:
+            r[i, n - 1] = [1.0, -1.0, 0.5, -0.3, 0.0, 1.2][i]
+    values = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.5
+    tok, _ = rlgates.advantages.gae(r, values, mask, TOKEN_GAMMA, TOKEN_LAM)
+    row = ((tok * mask).sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand(B, T).clone()
+    model = tiny_model()
+    out = {"sign_change_rows": int((((tok > 0) & mask).any(-1) & ((tok < 0) & mask).any(-1))
+                                   .sum())}
+    for name in rlgates.names():
+        m = {"cispo": rlgates.get("cispo", eps_high=0.2),
+             "gspo": rlgates.get("gspo", eps_low=0.1, eps_high=0.1)}.get(name, rlgates.get(name))
+        f = rt.flags(m)["trl"]
+        if f is None or any(k in f for k in ("off_policy_mask_threshold",
+                                             "top_entropy_quantile")):
+            continue  # no TRL built-in, or one the adapter refuses (rtrl.REFUSED)
+        t = GRPOTrainer(model=model, reward_funcs=reward_words, train_dataset=DATA,
+                        processing_class=tiny_tokenizer(),
+                        args=config(output_dir="/tmp/rlgates-trl-per-token",
+                                    gradient_accumulation_steps=1, steps_per_generation=1, **f))
+        t.current_gradient_accumulation_steps = 1
+        res = {"loss_type": f["loss_type"], "level": getattr(m, "level", "token")}
+        for kind, adv in (("token", tok), ("row", row)):
+            x = [v.float() for v in (logp, old, adv, ent)]
+            leaf = x[0].clone().requires_grad_(True)
+            t._metrics["train"].clear()
+            v = rtrl.builtin_loss(t, leaf, x[1], x[2], mask, entropy=x[3])
+            v.backward()
+            ref = {k: val[-1] for k, val in t._metrics["train"].items()}
+            side = rtrl.side_info(m, x[3])
+            ours_leaf = x[0].clone().requires_grad_(True)
+            ours = rtrl.trl_loss(m, ours_leaf, x[1], x[2], mask, f["loss_type"],
+                                 max_completion_length=MAX_LEN, side=side)
+            ours.backward()
+            mine = rtrl.metrics(m, x[0], x[1], x[2], mask, x[3], t.accelerator, side)
+            res[kind] = {
+                "dloss": abs(float(ours.detach()) - float(v.detach())),
+                "dgrad": float((ours_leaf.grad - leaf.grad).abs().max()),
+                "grad_scale": float(leaf.grad.abs().max()),
+                "metrics_equal": all(abs(mine[k] - val) < 1e-6 or (val != val and
+                                                                   mine[k] != mine[k])
+                                     for k, val in ref.items())}
+        out[name] = res
+    return out
+
+
 def train(cls, args, data=DATA, **kw):
     # accelerate's free_memory runs gc.collect() at every train(): over the ~10^6 objects the
     # imports made, 0.2-0.4 s each; frozen, they are not scanned (nothing of theirs is garbage)
@@ -95,7 +228,7 @@ def train(cls, args, data=DATA, **kw):
     model = tiny_model()
     t = cls(model=model, reward_funcs=reward_words, args=args, train_dataset=data,
             processing_class=tiny_tokenizer(), **kw)
-    t.counts, t.captured = [], []
+    t.counts, t.captured, t.sign_change_rows = [], [], []
     t.train()
     steps = [{k: e.get(k) for k in KEYS} for e in t.state.log_history if "loss" in e]
     W = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
@@ -221,7 +354,10 @@ def one_process(out):
     t1 = time.perf_counter()
     normalisers = {"spg_against_ga": spg_against_ga(out), "clipping": clipping(out),
                    "wall_s": time.perf_counter() - t1}
-    return {"num_processes": 1, "cases": cases, "normalisers": normalisers,
+    t2 = time.perf_counter()
+    token = {"engine": per_token_runs(out), "loss_level": per_token_loss_level(),
+             "wall_s": time.perf_counter() - t2}
+    return {"num_processes": 1, "cases": cases, "normalisers": normalisers, "per_token": token,
             "wall_s": time.perf_counter() - t0}
 
 
