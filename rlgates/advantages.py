@@ -481,13 +481,18 @@ def _value_inputs(values, values_old, returns, clip_range):
     eps = float(clip_range)
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"clip_range must be finite and ≥ 0, got {clip_range!r}")
-    clipped = values_old + (values - values_old).clamp(-eps, eps)
+    dtype = nx.compute_dtype(values, values_old, returns)
+    values, values_old, returns = values.to(dtype), values_old.to(dtype), returns.to(dtype)
+    # V clamped into the band, as verl clamps it (clip_by_value): inside the band the clipped
+    # branch is V itself, bit for bit, so no rounding tie can shut a gate there (V_old +
+    # clip(V − V_old, ±eps) rounds; at a first mini-batch V equals V_old up to rounding)
+    clipped = values.clamp(values_old - eps, values_old + eps)
     return values, clipped, returns
 
 
 def value_loss(values, values_old, returns, mask=None, clip_range=0.5, agg="token-mean"):
-    """PPO's clipped value loss, ½·agg(max((V − R)², (V_clip − R)²)), V_clip = V_old +
-    clip(V − V_old, ±clip_range): verl's compute_value_loss (critic.cliprange_value, default 0.5;
+    """PPO's clipped value loss, ½·agg(max((V − R)², (V_clip − R)²)), V_clip = V clipped to
+    V_old ± clip_range: verl's compute_value_loss (critic.cliprange_value, default 0.5;
     its critic's loss_agg_mode follows the actor's, token-mean by default).
 
     values: [B, T] the critic's new predictions (the gradient flows into them); values_old: the

@@ -575,3 +575,50 @@ def plot_shut_by_sign(results, ax=None, title=None):
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_value_gate(clip_range=0.5, lim=None, n=401, ax=None):
+    """The gate of PPO's clipped value loss (`advantages.value_gate`) on its own plane: x = R −
+    V_old (where the target lies, from the value at rollout), y = V − V_old (how far the critic
+    has moved since). Red: the gradient step raises V (towards R), blue: it lowers V, grey: the
+    gate is shut (zero gradient). Dashed: the band V_old ± clip_range; dotted: the edges of the
+    shut regions, R half-way between V and the band's edge. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from .advantages import value_gate
+
+    eps = float(clip_range)
+    lim = 3 * eps if lim is None else float(lim)
+    with _one_torch_thread():
+        axis = torch.linspace(-lim, lim, n, dtype=torch.float64)
+        target, move = axis[None, :].expand(n, n), axis[:, None].expand(n, n)
+        gate = value_gate(move, torch.zeros_like(move), target, eps)
+        push = (gate * (target - move)).sign()  # the sign of −∂ℓ/∂V: + raises V
+    region = (1 + push).numpy()  # 0: lowers V, 1: shut (or V = R), 2: raises V
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4.5), layout="constrained")
+    colours = [DISCOURAGE, ZERO, ENCOURAGE]
+    ext = (-lim, lim, -lim, lim)
+    ax.imshow(region, extent=ext, origin="lower", aspect="auto", cmap=ListedColormap(colours),
+              vmin=0, vmax=2, interpolation="nearest")
+    for y in (eps, -eps):
+        ax.axhline(y, **EDGE_STYLE)
+    up, down = np.array([eps, lim]), np.array([-lim, -eps])
+    kink = {"color": "black", "linestyle": ":", "linewidth": 1.2}
+    ax.plot((up + eps) / 2, up, **kink)
+    ax.plot((down - eps) / 2, down, **kink)
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_xlabel(r"target from the old value, $R_t - V_{\mathrm{old},t}$")
+    ax.set_ylabel(r"critic's move, $V_t - V_{\mathrm{old},t}$")
+    ax.set_title(f"The value loss's gate (cliprange_value = {eps:g})")
+    ax.legend(handles=[Patch(color=colours[2], label="step raises V"),
+                       Patch(color=colours[0], label="step lowers V"),
+                       Patch(color=colours[1], label="gate shut: zero gradient"),
+                       Line2D([], [], **EDGE_STYLE, label=r"band $V_{old} \pm$ clip"),
+                       Line2D([], [], **kink, label="edge of the shut region")],
+              loc="upper left", fontsize=8, framealpha=0.9)
+    return ax.figure

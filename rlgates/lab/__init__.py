@@ -12,13 +12,15 @@
 Three rooms: `task` (PatternTask, the environment), `loop` (LabConfig, the rollout, the one
 training loop `train`, LabResult) and `report` (summaries over seeds, paired differences, verdicts
 and tables; learning speed and plateaus: `area`, `slope`, `plateau`, `upto`). The policy is
-rlgates.LabPolicy. The metrics are every diagnostic registered in `rlgates.diagnostics` plus the
-lab's own (`lab.metric_doc()`).
+rlgates.LabPolicy. `critic` gives an arm PPO's advantages in place of GRPO's: a value model
+(`critic.LabCritic`) and GAE, per token (`LabConfig(advantage="gae")`). The metrics are every
+diagnostic registered in `rlgates.diagnostics` plus the lab's own (`lab.metric_doc()`), and a
+critic's (`lab.metric_doc(critic=True)`).
 """
 
 from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
-from . import loop, report, task
+from . import critic, loop, report, task
 from .loop import (
     Arm,
     LabConfig,
@@ -56,10 +58,11 @@ from .report import (
 from .task import PatternTask
 
 __all__ = [
-    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area", "budget_table",
+    "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area",
+    "budget_table",
     "curves", "default_agg", "family_table", "family_verdicts",
     "format_interval", "interval", "marked_verdict", "method_color", "method_name", "metric_doc",
     "paired", "paired_difference", "paired_table", "plateau", "plot_runs", "plot_shut_by_sign",
     "resolve", "rollout", "run_many", "slope", "summary",
-    "summary_table", "summed_loss", "train", "upto", "verdict", "loop", "report", "task",
+    "summary_table", "summed_loss", "train", "upto", "verdict", "critic", "loop", "report", "task",
 ]

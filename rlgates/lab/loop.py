@@ -46,6 +46,8 @@ from ..devices import on_accelerator
 from ..methods import get
 from ..policy import LabPolicy
 from ..regularisers import entropy
+from ._optim import _adam, _clip_grad_norm_per_run
+from .critic import CRITIC_METRICS, Critics, check_config
 from .task import PatternTask
 
 #: The lab's own per-step numbers, beside every registered diagnostic (`metric_doc()`).
@@ -57,13 +59,15 @@ LAB_METRICS = {
 }
 
 
-def metric_doc() -> dict:
+def metric_doc(critic: bool = False) -> dict:
     """{key: what it measures} of a lab run's metrics, in order: the step, every diagnostic
     registered in rlgates.diagnostics (over the rollout batch, or over all the tokens the step's
-    updates saw, as they saw them; log_ratio_absmax is the largest), then the lab's own."""
+    updates saw, as they saw them; log_ratio_absmax is the largest), then the lab's own, then
+    (critic=True: a run with advantage="gae") the critic's (`critic.CRITIC_METRICS`)."""
     return {"step": LAB_METRICS["step"],
             **{k: d.doc for k, d in diagnostics.REGISTRY.items()},
-            **{k: v for k, v in LAB_METRICS.items() if k != "step"}}
+            **{k: v for k, v in LAB_METRICS.items() if k != "step"},
+            **(CRITIC_METRICS if critic else {})}
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,16 @@ class LabConfig:
     moe: object | None = None  # rlgates.moe.MoEConfig: a mixture-of-experts policy (chapter 20)
     dtype: str = "float32"
     device: str = "cpu"
+    # Where A comes from (rlgates.lab.critic): "group" (GRPO's group advantages, one per
+    # response) or "gae" (PPO's: a critic, GAE per token, whitened as verl whitens it). The rest
+    # are the critic's, with verl's names and defaults (algorithm.*, critic.*).
+    advantage: str = "group"
+    gamma: float = 1.0  # GAE's discount γ
+    lam: float = 1.0  # GAE's λ
+    cliprange_value: float = 0.5  # the value loss's clip: V_old ± cliprange_value
+    critic_lr: float | None = None  # the critic's Adam lr (None: the policy's lr)
+    kl_coef: float = 0.0  # β of the KL penalty in the reward, against the initial policy (0: off)
+    kl_penalty: str = "k1"  # its per-token estimate (advantages.KL_REWARD_ESTIMATORS)
 
     @classmethod
     def for_device(cls, dev=None, **overrides) -> LabConfig:
@@ -253,28 +267,6 @@ def lab_side(ent, behaviour_logp, generators):
                     draw=draw)
 
 
-def _adam(params, lr):
-    """torch.optim.Adam, its fused kernel where this torch and device have one (measured: a
-    fifth faster a lab step on the CPU; the same update up to rounding)."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr)
-
-
-def _clip_grad_norm_per_run(params, max_norm):
-    """Each run's gradient norm over all parameters ([R]); scale a run's gradients to
-    `max_norm` when its norm is larger (torch.nn.utils.clip_grad_norm_, run by run)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.cat([g.flatten(1) for g in grads], 1).norm(dim=1)
-    if max_norm:
-        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(scale.view(-1, *[1] * (g.dim() - 1)))
-    return norm
-
-
 class Rollout(NamedTuple):
     """One rollout batch per run, B = prompts × G responses: tensors [R, B, ...]."""
 
@@ -284,7 +276,8 @@ class Rollout(NamedTuple):
     mask: torch.Tensor  # [R, B, T]: up to and including the end token
     right: torch.Tensor  # [R, B, T]: the positions answered right
     rewards: torch.Tensor  # [R, B]: the share of positions right
-    adv: torch.Tensor  # [R, B]: group advantages (cfg.normalize_std)
+    adv: torch.Tensor  # [R, B]: group advantages (cfg.normalize_std); [R, B, T] per token
+    #                    once a critic arm's are in (critic.Critics.advantages)
     routing: torch.Tensor | None = None  # [R, B, T, layers, k]: a MoE engine's expert choices
 
 
@@ -415,7 +408,8 @@ class Arm(NamedTuple):
 
 #: The LabConfig fields in which the arms of one batched call may differ; every other field
 #: (sizes, steps, optimiser) is shared, since all arms train as one computation.
-ARM_FIELDS = ("anchor", "is_cap", "correction")
+ARM_FIELDS = ("anchor", "is_cap", "correction", "advantage", "gamma", "lam", "cliprange_value",
+              "critic_lr", "kl_coef", "kl_penalty")
 
 
 class _Arm(NamedTuple):
@@ -440,6 +434,7 @@ def _check(cfg, lag, agg):
                          f"logp_behav, mask) method, got {cfg.correction!r}")
     if agg not in nx.AGG_MODES:
         raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
+    check_config(cfg)
 
 
 def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_ratios, hook=None):
@@ -470,13 +465,15 @@ def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_rati
     if base.threads and torch.device(base.device).type == "cpu":
         torch.set_num_threads(base.threads)
     try:
-        table, kept = _train(plan, base, seeds, keep_log_ratios, hook, show)
+        table, kept = _train(plan, base, seeds, keep_log_ratios, hook or _ignore,
+                             show or _ignore)
     finally:
         torch.set_num_threads(threads)
     out = {}
     for label, a in zip(arms, plan, strict=True):
+        keys = metric_doc(critic=a.config.advantage == "gae")
         out[label] = [LabResult(method_name(a.m), s, a.lag, a.agg, a.config,
-                                {k: v[r].tolist() for k, v in table.items()},
+                                {k: table[k][r].tolist() for k in keys},
                                 *(kept[r] if keep_log_ratios else (None, None)))
                       for r, s in zip(range(a.rows.start, a.rows.stop), seeds, strict=True)]
     return out
@@ -553,6 +550,22 @@ def _moe_routing(plan, cfg, seeds, dev):
     return LabRouting(cfg, seeds, dev, anchors={a.config.anchor for a in plan})
 
 
+def _scored(cfg, source, gens, task, moe, critics):
+    """The step's rollout batch: sampled from `source` (through a MoE engine if any), scored,
+    with its advantages (a critic arm's per token: `critic.Critics.advantages`)."""
+    return critics.advantages(rollout(cfg, moe.engine(source) if moe else source, gens, task))
+
+
+def _forward(policy, moe, batch, runs, idx):
+    """The policy on each run's minibatch rows idx [R, b] (a MoE policy with its routing as
+    `moe` replays it): the tokens' log-probs and the entropy at each token, [R, b, T] each."""
+    prompts, tok = batch.prompts[runs, idx], batch.tokens[runs, idx]
+    logits = (moe.logits(policy, prompts, tok, runs, idx, batch.mask[runs, idx]) if moe
+              else policy.logits(prompts, tok))  # [R, b, T, vocab]
+    logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
+    return logp, entropy(logits.detach())
+
+
 def _train(plan, cfg, seeds, keep, hook, show):
     """ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's: rows a.rows)."""
     dev, task = torch.device(cfg.device), cfg.task()
@@ -560,21 +573,19 @@ def _train(plan, cfg, seeds, keep, hook, show):
     R, lag = len(all_seeds), max(a.lag for a in plan)
     policy = cfg.policy(all_seeds).to(dev)
     behaviour = cfg.policy(all_seeds).to(dev).requires_grad_(False)  # the lagged copy
-    opt = _adam(policy.parameters(), cfg.lr)
+    opt, critics = _adam(policy.parameters(), cfg.lr), Critics(plan, cfg, all_seeds, dev)
     gens = [torch.Generator(device=dev).manual_seed(s) for s in all_seeds]
     runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
     history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
     rows, kept, updates = [], [([], []) for _ in all_seeds], 0
     side_of = _side_reader(plan, all_seeds, dev)  # None unless an arm's method reads it
     moe = _moe_routing(plan, cfg, all_seeds, dev)  # a MoE engine and router replay, or None
-    hook, show = hook or _ignore, show or _ignore
     for step in range(cfg.steps):
         # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
         if lag:
             behaviour.load_state_dict(_behaviour(history, plan, seeds))
         versions = [updates - min(len(history) - 1, a.lag) for a in plan]
-        source = behaviour if lag else policy
-        batch = rollout(cfg, moe.engine(source) if moe else source, gens, task)
+        batch = _scored(cfg, behaviour if lag else policy, gens, task, moe, critics)
         replayed = moe.start(policy, batch) if moe else None  # R3: the engine's routing
         logp_old, is_w, weighted = _anchors(plan, policy, batch, replayed)  # anchor, weight
         hook("rollout", {**_rollout_info(step, versions[0], batch), "policy": policy})
@@ -583,18 +594,14 @@ def _train(plan, cfg, seeds, keep, hook, show):
         seen = []
         for _ in range(cfg.epochs):
             for idx in _shuffles(gens, cfg.batch).chunk(cfg.minibatches, dim=1):  # [R, b]
-                tok, at = batch.tokens[runs, idx], _take(runs, idx)
-                logits = (moe.logits(policy, batch.prompts[runs, idx], tok, runs, idx,
-                                     at(batch.mask)) if moe
-                          else policy.logits(batch.prompts[runs, idx], tok))  # [R, b, T, V]
-                logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
-                ent = entropy(logits.detach())
+                at, (logp, ent) = _take(runs, idx), _forward(policy, moe, batch, runs, idx)
                 loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
                                   at(batch.mask), at(is_w), side_of(ent, at(batch.logp)))
                 opt.zero_grad()
                 loss.backward()
                 grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
                 opt.step()
+                critics.update(batch, idx)  # a critic arm's value model: one step, same rows
                 updates += 1
                 if lag:
                     history.append(policy.state())
@@ -612,7 +619,7 @@ def _train(plan, cfg, seeds, keep, hook, show):
                      "rare": batch.right[..., task.rare_positions().to(dev)].float().mean((1, 2)),
                      "grad_norm": norms.mean(1),
                      "staleness": _staleness(updates, versions, norms.shape[1], len(seeds)),
-                     **(moe.metrics() if moe else {})})
+                     **(moe.metrics() if moe else {}), **critics.stats()})
         for a in plan if keep else ():
             _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by), _rows_side(side, a.rows))
         show(step, rows[-1])
