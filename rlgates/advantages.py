@@ -485,7 +485,7 @@ def _value_inputs(values, values_old, returns, clip_range):
     values, values_old, returns = values.to(dtype), values_old.to(dtype), returns.to(dtype)
     # V clamped into the band, as verl clamps it (clip_by_value): inside the band the clipped
     # branch is V itself, bit for bit, so no rounding tie can shut a gate there (V_old +
-    # clip(V − V_old, ±eps) rounds; at a first mini-batch V equals V_old up to rounding)
+    # clip(V − V_old, ±eps) can round away from V, and the clipped branch read larger)
     clipped = values.clamp(values_old - eps, values_old + eps)
     return values, clipped, returns
 

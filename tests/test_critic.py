@@ -225,3 +225,19 @@ def test_the_value_model_wants_runs_first():
     values = model.values(torch.zeros(1, 2, TINY.motif, dtype=torch.long),
                           torch.zeros(1, 2, TINY.length, dtype=torch.long))
     assert values.shape == (1, 2, TINY.length) and float(values.detach().abs().max()) == 0  # V ≡ 0
+
+
+def test_inside_the_band_no_rounding_tie_shuts_a_gate():
+    """Inside the band both branches are the same number. Clipped as V_old + clip(V − V_old),
+    the clipped value rounds away from V on some tokens and the clipped branch reads strictly
+    larger (a gate read shut inside the band); clamped into the band, as verl and rlgates clamp
+    it, it is V exactly and every gate is open."""
+    g = torch.Generator().manual_seed(0)
+    old = 0.1 * torch.randn(64, 32, generator=g, dtype=torch.float64)
+    values = 0.1 * torch.randn(64, 32, generator=g, dtype=torch.float64)  # drawn on its own
+    returns = old + torch.randn(64, 32, generator=g, dtype=torch.float64)
+    assert float((values - old).abs().max()) < 0.5  # every token inside the band
+    rebuilt = old + (values - old).clamp(-0.5, 0.5)
+    assert ((rebuilt - returns).square() > (values - returns).square()).any()  # the tie
+    assert float(ra.value_gate(values, old, returns, 0.5).min()) == 1  # every gate open
+    assert ra.value_clip_fraction(values, old, returns, None, 0.5) == 0
