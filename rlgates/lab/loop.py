@@ -2,9 +2,11 @@
 
 One training step, as LLM RL trainers run it:
 - ROLLOUT: sample G responses for each of `prompts` prompts from the behaviour policy (the
-  policy as it was `lag` optimiser steps ago), score them, compute group advantages;
+  policy as it was `lag` optimiser steps ago), score them, compute group advantages (or, for an
+  arm with `advantage="gae"`, per-token advantages from its critic: `rlgates.lab.critic`);
 - UPDATE: shuffle the rollout batch and cut it into `minibatches` minibatches; one optimiser
-  step on each, so every response is stepped on once (`epochs` passes, 1 by default);
+  step on each, so every response is stepped on once (`epochs` passes, 1 by default); a critic
+  arm's value model takes one step of its own on the same rows;
 - METRICS: observe the step, never change it: one call to rlgates.diagnostics.step_stats over
   all the tokens the step's updates saw (every registered diagnostic), plus the lab's own
   numbers (`LAB_METRICS`).
