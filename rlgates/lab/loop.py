@@ -473,7 +473,7 @@ def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_rati
         torch.set_num_threads(threads)
     out = {}
     for label, a in zip(arms, plan, strict=True):
-        keys = metric_doc(critic=a.config.advantage == "gae")
+        keys = [k for k in table if a.config.advantage == "gae" or k not in CRITIC_METRICS]
         out[label] = [LabResult(method_name(a.m), s, a.lag, a.agg, a.config,
                                 {k: table[k][r].tolist() for k in keys},
                                 *(kept[r] if keep_log_ratios else (None, None)))
