@@ -2,20 +2,24 @@
 
     python tests/engines/inspect_runs.py OUT_DIR [SEED]
 
-Each run is the healthy one (tests/trl_run.py's tiny Llama, TRL's default loss_type "dapo",
-num_iterations 2, a reward that does not depend on length) with one knob turned:
+Each run is the healthy one with one knob turned. The healthy run: tests/trl_run.py's tiny
+Llama with its output layer scaled by PEAK (a peaked policy, as a pretrained model's is),
+TRL's default loss_type "dapo", num_iterations 2, learning rate HEALTHY_LR, STEPS optimiser
+steps, and a reward that varies within a group but does not depend on length:
 
     rho_one        num_iterations=1: one optimiser step per batch, so rho = 1 exactly
     micro_mean     loss_type="bnpo": each micro-batch divided by its own token count
-    low_temp       sampling temperature 0.25: a policy that samples (almost) one answer
+    low_temp       sampling temperature 0.05: a policy that samples (almost) one answer
     big_lr         learning rate x10
     stuck          a reward equal for every completion: every group has zero spread
     length         a reward that pays for every word: lengths grow
 
-Two faults are injected into a copy of the healthy capture rather than trained, and the
+Three captures are injected into a copy of the healthy capture rather than trained, and the
 capture says so in its settings (`injected`): `mismatch` (sampler log-probs = log pi_old plus
-noise of 0.5 nats: without vLLM TRL has no sampler log-probs) and `blowup` (one response per
-step of A < 0 multiplied by 40 on every token). Every run is written to OUT_DIR/<name>/.
+noise of 0.5 nats: without vLLM TRL has no sampler log-probs), its negative control
+`sampler_ok` (noise of 0.02 nats, as close as engines in good agreement), and `blowup` (one
+response per step of A < 0 multiplied by 40 on every token). Every run is written to
+OUT_DIR/<name>/.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ TRAINED = {
     "stuck": ({}, reward_flat),
     "length": ({}, reward_length),
 }
-INJECTED = ("mismatch", "blowup")
+INJECTED = ("mismatch", "sampler_ok", "blowup")
 RUNS = (*TRAINED, *INJECTED)
 
 
@@ -93,10 +97,11 @@ def inject(src: Path, dst: Path, name: str, seed: int):
     for f in sorted(src.glob("step_*.npz")):
         data = dict(np.load(f, allow_pickle=False))
         settings = json.loads(str(data["settings"]))
-        if name == "mismatch":
+        if name in ("mismatch", "sampler_ok"):
+            sd = 0.5 if name == "mismatch" else 0.02
             old = data["token/logp_old"]
-            data["token/logp_sampler"] = (old + rng.normal(0, 0.5, old.shape)).astype(np.float32)
-            settings["injected"] = "logp_sampler = logp_old + N(0, 0.5^2)"
+            data["token/logp_sampler"] = (old + rng.normal(0, sd, old.shape)).astype(np.float32)
+            settings["injected"] = f"logp_sampler = logp_old + N(0, {sd}^2)"
         else:
             seq, tok = data["sequence/advantage"], data["token/advantage"]
             neg = np.flatnonzero(seq < 0)
