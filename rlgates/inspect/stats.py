@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import diagnostics, get
+from .. import diagnostics, get, names
 
 #: TRL loss types whose token loss is the clip family's min(ρA, clip(ρ)A)
 CLIP_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -30,6 +30,8 @@ ATLAS_KEYS = ("clipfrac_pos", "clipfrac_neg", "clip_ratio/low_mean", "clip_ratio
 def method_for(settings: dict):
     """(rlgates method, aggregation, note) for a capture's trainer settings: the gate the
     trainer's own flags define. note says what was assumed ("" when nothing)."""
+    if settings.get("trainer") == "verl":
+        return _verl_method(settings)
     lt = settings.get("loss_type")
     eps = settings.get("epsilon")
     eps_high = settings.get("epsilon_high") or eps
@@ -53,6 +55,30 @@ def method_for(settings: dict):
         note = (f"loss_type {lt!r} has no rlgates gate: drawn and measured under DAPO's "
                 "clip (ε = 0.2, 0.28)")
     return m, agg, note
+
+
+def _verl_method(settings):
+    """The gate of a verl actor config (rlgates.capture_verl's settings)."""
+    mode = settings.get("loss_mode") or "vanilla"
+    eps = settings.get("clip_ratio")
+    low = settings.get("clip_ratio_low") or eps or 0.2
+    high = settings.get("clip_ratio_high") or eps or 0.2
+    c = settings.get("clip_ratio_c")
+    agg = settings.get("loss_agg_mode") or "token-mean"
+    if mode == "vanilla":
+        finite = c is not None and c != float("inf") and str(c) != "inf"
+        if low == high:
+            return (get("dual_clip", eps=low, c=float(c)) if finite else get("ppo", eps=low),
+                    agg, "")
+        return (get("dapo", eps_low=low, eps_high=high), agg,
+                f"verl's dual clip at c = {c} is not drawn (ε_low ≠ ε_high)" if finite else "")
+    if mode == "gspo":
+        return get("gspo", eps_low=low, eps_high=high), agg, ""
+    if mode.startswith("rlgates_") and mode[len("rlgates_"):] in names():
+        return (get(mode[len("rlgates_"):]), agg,
+                f"{mode}: rlgates' {mode[len('rlgates_'):]} at its default hyperparameters")
+    return get("dapo"), agg, (f"verl loss_mode {mode!r} has no rlgates gate: drawn and "
+                              "measured under DAPO's clip (ε = 0.2, 0.28)")
 
 
 @dataclass

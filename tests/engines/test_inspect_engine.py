@@ -107,3 +107,62 @@ def test_command_on_real_dumps(dumps, tmp_path, capsys):
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["fired"] == ["step_size"] and summary["gate"]["method"] == "dapo"
     assert (tmp_path / "h" / "report.html").stat().st_size > 10_000
+
+
+# --- verl ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def verl_dump(tmp_path_factory):
+    out = tmp_path_factory.mktemp("inspect_verl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")]))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+              "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, str(ROOT / "tests/engines/inspect_verl_run.py"),
+                        str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return out
+
+
+def test_verl_capture_through_the_loss_hook(verl_dump):
+    """capture_verl wraps ppo_loss through TrainingWorker.set_loss_fn: it sees the engine's
+    log-probs, entropies and the rollout log-probs (which a registered loss never sees), and
+    verl's global token count; inspect reads the capture like a TRL one."""
+    import numpy as np
+
+    from rlgates.capture import load
+
+    facts = json.loads((verl_dump / "facts.json").read_text())
+    run = load(verl_dump / "capture")
+    st = run.settings
+    assert st["trainer"] == "verl" and st["loss_mode"] == "vanilla"
+    assert list(run.steps) == list(range(facts["steps"]))
+    t, m = run.tokens, run.micro
+    first = t["step"] == 0
+    rows = t["micro"][first] * 4 + t["row"][first]  # two micro-batches of four rows
+    pos = t["position"][first]
+    for key, name in (("logp", "engine_log_probs"), ("logp_old", "old_log_probs"),
+                      ("logp_sampler", "rollout_log_probs")):
+        want = np.asarray(facts[name])[rows, pos]
+        np.testing.assert_allclose(t[key][first], want, rtol=1e-5, atol=1e-5, err_msg=key)
+    assert len(rows) == sum(facts["lengths"])  # every response token of the step
+    np.testing.assert_allclose(t["advantage"][first], np.asarray(facts["advantages"])[rows],
+                               rtol=1e-7)  # float32
+    assert np.isfinite(t["entropy"]).all() and (t["entropy"] > 0).all()
+    assert (m["num_items_in_batch"] == sum(facts["lengths"])).all()  # batch_num_tokens
+    assert list(m["tokens"][m["step"] == 0]) == [14, 19]
+    # the policy moved: step 1's log π differs from step 0's on the same tokens
+    assert np.abs(t["logp"][t["step"] == 1] - t["logp"][first]).max() > 1e-3
+
+    res = inspect_run(run)
+    assert res.summary["gate"]["method"] == "dual_clip"
+    assert res.summary["gate"]["hparams"] == {"eps": 0.2, "c": 3.0}
+    f = {x.name: x for x in res.findings}
+    # verl divides each micro-batch by the global token count: the step's constant fits
+    assert f["micro_normaliser"].checked and not f["micro_normaliser"].fired
+    assert np.nanmax(res.numbers["fit_step"]) < 1e-6 < np.nanmin(res.numbers["fit_micro"])
+    assert f["mismatch"].fired  # the injected rollout log-probs, 0.5 nats off
+    assert f["entropy_collapse"].checked and not f["entropy_collapse"].fired
