@@ -136,7 +136,8 @@ _CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:1rem auto
 color:#222}table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}
 .fired{background:#fde0dc}.quiet{background:#e6f4ea}.unchecked{background:#eee}
-img{max-width:100%;height:auto}code{background:#f3f3f3}"""
+img{max-width:100%;height:auto}code{background:#f3f3f3}.wide{overflow-x:auto}
+figure{margin:1rem 0}"""
 
 
 def _img(png, alt):
@@ -189,15 +190,16 @@ def html(run, numbers, findings, steps=None, source="") -> str:
 <code>{e(gate['method'])}</code> {e(json.dumps(gate['hparams']))}, aggregation
 <code>{e(gate['aggregation'])}</code>.</p>{note}
 <h2>Findings</h2>
-<table><tr><th>detector</th><th>verdict</th><th>what it saw</th><th>read</th></tr>
-{''.join(rows)}</table>
+<div class="wide"><table><tr><th>detector</th><th>verdict</th><th>what it saw</th>
+<th>read</th></tr>
+{''.join(rows)}</table></div>
 <h2>Diagnostics</h2>
 <p>Median over the steps where ρ ≠ 1 (the gate diagnostics) or over all steps, and the last
 step's value; the healthy range is the atlas's (chapter 17).</p>
-<table><tr><th>rlgates key</th><th>verl</th><th>TRL</th><th>healthy</th><th>median</th>
-<th>last step</th></tr>{''.join(diag)}</table>
+<div class="wide"><table><tr><th>rlgates key</th><th>verl</th><th>TRL</th><th>healthy</th>
+<th>median</th><th>last step</th></tr>{''.join(diag)}</table></div>
 <h2>Figures</h2>
 {''.join(f'<figure>{x}</figure>' for x in figs)}
-<h2>Settings</h2><table>{settings}</table>
+<h2>Settings</h2><div class="wide"><table>{settings}</table></div>
 </body></html>
 """
