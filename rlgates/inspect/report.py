@@ -172,7 +172,7 @@ def html(run, numbers, findings, steps=None, source="") -> str:
     for k, d in summary["diagnostics"].items():
         vals = np.array([np.nan if v is None else v for v in d["per_step"]], dtype=float)
         pick = vals[moved] if moved.any() and k in ATLAS_KEYS else vals
-        med = np.nanmedian(pick) if np.isfinite(pick).any() else np.nan
+        med = np.nanmean(pick) if np.isfinite(pick).any() else np.nan
         rng = "" if d["healthy"] is None else f"{d['healthy'][0]} to {d['healthy'][1]}"
         diag.append(f"<tr><td><code>{e(k)}</code></td><td>{e(d['verl'] or '—')}</td>"
                     f"<td>{e(d['trl'] or '—')}</td><td>{rng}</td>"
@@ -194,10 +194,11 @@ def html(run, numbers, findings, steps=None, source="") -> str:
 <th>read</th></tr>
 {''.join(rows)}</table></div>
 <h2>Diagnostics</h2>
-<p>Median over the steps where ρ ≠ 1 (the gate diagnostics) or over all steps, and the last
-step's value; the healthy range is the atlas's (chapter 17).</p>
+<p>Mean over the steps where ρ ≠ 1 (the gate diagnostics) or over all steps, as the
+detectors read them, and the last step's value; the healthy range is the atlas's (chapter
+17).</p>
 <div class="wide"><table><tr><th>rlgates key</th><th>verl</th><th>TRL</th><th>healthy</th>
-<th>median</th><th>last step</th></tr>{''.join(diag)}</table></div>
+<th>mean</th><th>last step</th></tr>{''.join(diag)}</table></div>
 <h2>Figures</h2>
 {''.join(f'<figure>{x}</figure>' for x in figs)}
 <h2>Settings</h2><div class="wide"><table>{settings}</table></div>
