@@ -48,9 +48,13 @@ class Bar:
 
     def __init__(self, label, stream=sys.stderr, width=30):
         self.label, self.stream, self.width, self.t0 = label, stream, width, time.perf_counter()
+        self.shown = -1
 
     def __call__(self, done, total):
         full = int(self.width * done / max(total, 1))
+        if full == self.shown and done < total:  # redraw only when the bar grows
+            return
+        self.shown = full
         self.stream.write(f"\r{self.label} [{'#' * full}{'.' * (self.width - full)}] "
                           f"{done}/{total} steps {time.perf_counter() - self.t0:.1f} s")
         if done >= total:

@@ -25,7 +25,7 @@ sys.modules.setdefault("rfc3987_syntax", None)  # as verl_runs.py: skip a slow o
 
 import torch  # noqa: E402
 
-STEPS = 3
+STEPS = 2
 
 
 def main():
