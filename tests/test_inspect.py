@@ -92,8 +92,11 @@ def test_gate_read_from_the_trainers_flags(name):
 
 def test_cli_exit_status_report_and_summary(captures, tmp_path, capsys):
     out = tmp_path / "healthy"
-    assert main([str(captures["step"]), "--out", str(out), "-q"]) == 0
-    assert capsys.readouterr().out == ""
+    assert main([str(captures["step"]), "--out", str(out), "-q", "--progress", "always"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "" and "6/6 steps" in printed.err  # the bar, on stderr
+    assert main([str(captures["step"]), "--out", str(out), "-q", "--no-html"]) == 0
+    assert capsys.readouterr().err == ""  # a small capture: no bar
     assert main([str(captures["micro"]), "--out", str(tmp_path / "bad"), "--steps", "1,3"]) == 1
     printed = capsys.readouterr().out
     assert "FINDING micro_normaliser" in printed and "chapter 17, entry 6" in printed
