@@ -46,8 +46,9 @@ def parser():
 class Bar:
     """A one-line text progress bar on stderr."""
 
-    def __init__(self, label, stream=sys.stderr, width=30):
-        self.label, self.stream, self.width, self.t0 = label, stream, width, time.perf_counter()
+    def __init__(self, label, stream=None, width=30):
+        self.stream = sys.stderr if stream is None else stream  # the one in use now
+        self.label, self.width, self.t0 = label, width, time.perf_counter()
         self.shown = -1
 
     def __call__(self, done, total):
