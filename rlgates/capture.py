@@ -58,16 +58,15 @@ that loads with `numpy.load(f, allow_pickle=False)`: every entry is a numeric or
 `step` column; it refuses a corrupt file, a foreign file and a newer schema with a ValueError of
 one line each.
 
-verl (0.9.1): not implemented; what a capture there would lack. The actor's loss,
-`verl.workers.utils.losses.ppo_loss(config, model_output, data)`, calls the registered policy
-loss (`core_algos.get_policy_loss_fn(loss_mode)`) with keywords `old_log_prob, log_prob,
-advantages, response_mask, loss_agg_mode, config, rollout_is_weights`. A wrapper of a registered
-loss therefore sees log π, log π_old, A, the mask, the aggregation and the global batch counts
-(`config.global_batch_info`: dp_size, batch_num_tokens, global_batch_size, loss_scale_factor),
-but no entropy (`ppo_loss` reads it from `model_output` for its own entropy term) and no rollout
-log-probs (only the correction weights derived from them, and only when rollout correction is
-on; `core_algos.PolicyLossFn` still names that argument `rollout_log_probs`). A full capture
-would wrap `ppo_loss` itself, which the actor worker installs with `set_loss_fn`.
+verl (0.9.1): `rlgates.capture_verl.capture_verl` writes this format from verl's actor update.
+A wrapper of a registered loss would not do: `verl.workers.utils.losses.ppo_loss(config,
+model_output, data)` calls the registered policy loss (`core_algos.get_policy_loss_fn(loss_mode)`)
+with keywords `old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_is_weights`, so such a wrapper sees log π, log π_old, A, the mask, the aggregation and
+the global batch counts (`config.global_batch_info`), but no entropy (`ppo_loss` reads it from
+`model_output` for its own entropy term) and no rollout log-probs (only the correction weights
+derived from them, when rollout correction is on). `capture_verl` wraps `ppo_loss` itself,
+through the worker's loss hook `TrainingWorker.set_loss_fn`.
 """
 
 from __future__ import annotations

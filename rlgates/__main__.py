@@ -1,0 +1,30 @@
+"""python -m rlgates COMMAND ...: the library's command line.
+
+    python -m rlgates inspect RUN     # inspect a capture of your own run (rlgates.inspect)
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {"inspect": "inspect a capture of a training run (python -m rlgates inspect --help)"}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m rlgates COMMAND [ARGS]\n\ncommands:")
+        for name, doc in COMMANDS.items():
+            print(f"  {name:10s} {doc}")
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"rlgates: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    from .inspect.cli import main as inspect_main
+
+    return inspect_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

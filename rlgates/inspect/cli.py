@@ -1,0 +1,121 @@
+"""The command line of `python -m rlgates inspect`.
+
+Exit status (for scripts):
+    0  the capture was read and no detector fired
+    1  the capture was read and at least one detector fired (the findings are printed)
+    2  the input could not be inspected: missing, corrupt, not a capture, a newer schema, or
+       a bad argument; one line on stderr says why
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
+#: A capture with more tokens than this (or run on a terminal) gets a progress bar on stderr
+PROGRESS_TOKENS = 200_000
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="python -m rlgates inspect",
+        description="Inspect a capture of a training run (rlgates.capture): every atlas "
+        "diagnostic under the trainer's names, the failure modes the book's atlas explains, "
+        "and an offline HTML report with a JSON summary.",
+        epilog="Exit status: 0 no finding, 1 at least one finding, 2 the input could not be "
+        "inspected (one line on stderr says why).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="a capture directory (step_*.npz files) or one step file")
+    p.add_argument("--out", help="directory for report.html and summary.json (default: "
+                   "RUN.inspect next to the capture)")
+    p.add_argument("--steps", help="comma-separated capture steps to draw on the (A, log ρ) "
+                   "plane (default: the first step with ρ ≠ 1, the one with the largest "
+                   "abs(log ρ), and the last)")
+    p.add_argument("--no-html", action="store_true", help="write the JSON summary only")
+    p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                   help=f"progress bar on stderr (auto: over {PROGRESS_TOKENS:,} tokens)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    return p
+
+
+class Bar:
+    """A one-line text progress bar on stderr."""
+
+    def __init__(self, label, stream=None, width=30):
+        self.stream = sys.stderr if stream is None else stream  # the one in use now
+        self.label, self.width, self.t0 = label, width, time.perf_counter()
+        self.shown = -1
+
+    def __call__(self, done, total):
+        full = int(self.width * done / max(total, 1))
+        if full == self.shown and done < total:  # redraw only when the bar grows
+            return
+        self.shown = full
+        self.stream.write(f"\r{self.label} [{'#' * full}{'.' * (self.width - full)}] "
+                          f"{done}/{total} steps {time.perf_counter() - self.t0:.1f} s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _fail(msg) -> int:
+    print(f"rlgates inspect: {msg}", file=sys.stderr)
+    return EXIT_UNREADABLE
+
+
+def main(argv=None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help exits 0, a usage error 2
+        return int(e.code or 0)
+    try:
+        return _inspect(args)
+    except Exception as e:  # noqa: BLE001 - one clear line, never a traceback
+        if os.environ.get("RLGATES_DEBUG"):
+            raise
+        text = str(e).splitlines()[0] if str(e) else ""
+        return _fail(f"cannot inspect {args.run}: {type(e).__name__}: {text}")
+
+
+def _inspect(args) -> int:
+    from ..capture import load
+    from . import detect, report, run_numbers
+
+    try:
+        run = load(args.run)
+    except ValueError as e:
+        return _fail(str(e))
+    try:
+        steps = None if not args.steps else [int(s) for s in args.steps.split(",")]
+    except ValueError:
+        return _fail(f"--steps takes comma-separated integers, not {args.steps!r}")
+    if steps is not None and (bad := sorted(set(steps) - {int(s) for s in run.steps})):
+        return _fail(f"--steps {bad} not in the capture (its steps: {int(run.steps[0])} to "
+                     f"{int(run.steps[-1])})")
+    n_tokens = len(run.tokens.get("logp", ()))
+    show = (args.progress == "always"
+            or (args.progress == "auto" and n_tokens > PROGRESS_TOKENS))
+    numbers = run_numbers(run, Bar(f"inspect {n_tokens:,} tokens") if show else None)
+    findings = detect(numbers, run.settings)
+    src = Path(args.run)
+    out = Path(args.out) if args.out else src.with_name(src.name + ".inspect")
+    out.mkdir(parents=True, exist_ok=True)
+    summary = report.summarise(run, numbers, findings)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not args.no_html:
+        (out / "report.html").write_text(report.html(run, numbers, findings, steps,
+                                                     source=str(src)), encoding="utf-8")
+    fired = [f for f in findings if f.fired]
+    if not args.quiet or fired:
+        for f in fired:
+            print(f"FINDING {f.name}: {f.message} [{f.atlas}]")
+        if not fired:
+            print(f"healthy: no detector fired ({len(numbers['step'])} steps, "
+                  f"{n_tokens:,} tokens)")
+        print(f"report: {out / ('summary.json' if args.no_html else 'report.html')}")
+    return EXIT_FINDINGS if fired else EXIT_HEALTHY

@@ -1,0 +1,90 @@
+"""A synthetic capture in the file format of `rlgates.capture` (schema 1), with no trainer:
+for tests of the reader and the report, and to time `inspect` on a large capture.
+
+    synthetic.write(path, steps=10, rows=64, length=32)   # a healthy-looking DAPO run
+
+Per step: `rows` responses of up to `length` tokens in `micro` micro-batches, groups of
+`group` responses with A = the group-normalised reward, log π_old ~ −Exp(1), log ρ ~ N(0, σ²)
+with σ = `log_ratio_sd` on the steps after the first of each batch (num_iterations = 2), and a
+loss per micro-batch that is exactly DAPO's token sum over the step's token count
+(`normaliser="step"`) or over the micro-batch's own count (`"micro-batch"`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import get
+from ..capture import FORMAT, SCHEMA_VERSION
+
+SETTINGS = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None,
+            "beta": 0.0, "importance_sampling_level": "token", "num_iterations": 2,
+            "gradient_accumulation_steps": 2, "steps_per_generation": 2,
+            "per_device_train_batch_size": 8, "num_generations": 4,
+            "max_completion_length": 32, "scale_rewards": "group", "temperature": 1.0,
+            "top_p": 1.0, "learning_rate": 1e-6, "aggregation": "token-mean",
+            "num_processes": 1, "synthetic": True}
+
+
+def write(path, steps=10, rows=64, length=32, micro=2, group=4, log_ratio_sd=0.02, seed=0,
+          normaliser="step", tokens_per_step=None) -> Path:
+    """Write the capture into directory `path` (see the module docstring); returns the path."""
+    if normaliser not in ("step", "micro-batch"):
+        raise ValueError(f"normaliser must be 'step' or 'micro-batch', not {normaliser!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    method = get("dapo")
+    settings = dict(SETTINGS, max_completion_length=length,
+                    tokens_per_step=tokens_per_step or rows * length, capture_seed=seed)
+    per_micro = rows // micro
+    for step in range(steps):
+        lengths = rng.integers(1, length + 1, rows)
+        reward = rng.random(rows).reshape(-1, group)
+        adv = ((reward - reward.mean(1, keepdims=True))
+               / (reward.std(1, ddof=1, keepdims=True) + 1e-4)).reshape(-1)
+        mask = np.arange(length)[None] < lengths[:, None]
+        old = -rng.exponential(1.0, (rows, length))
+        sd = log_ratio_sd if step % 2 else 0.0
+        logp = old + rng.normal(0, 1, (rows, length)) * sd
+        entropy = rng.uniform(0.5, 1.5, (rows, length))
+        j = method.token_objective(torch.from_numpy(logp), torch.from_numpy(old),
+                                   torch.from_numpy(adv)[:, None].expand(rows, length),
+                                   torch.from_numpy(mask)).numpy()
+        micro_of_row = np.arange(rows) // per_micro
+        counts = np.array([mask[micro_of_row == k].sum() for k in range(micro)])
+        sums = np.array([-(j * mask)[micro_of_row == k].sum() for k in range(micro)])
+        losses = sums / (counts if normaliser == "micro-batch" else counts.sum())
+        r, p = np.nonzero(mask)
+        keep = np.arange(len(r))
+        if tokens_per_step and len(r) > tokens_per_step:
+            keep = np.sort(rng.choice(len(r), tokens_per_step, replace=False))
+        r, p = r[keep], p[keep]
+        prompt = np.repeat(rng.integers(0, 2**31, rows // group), group)
+        arrays = {
+            "token/logp": logp[r, p], "token/logp_old": old[r, p],
+            "token/logp_sampler": np.full(len(r), np.nan), "token/logp_ref": np.full(len(r),
+                                                                                     np.nan),
+            "token/entropy": entropy[r, p], "token/advantage": adv[r],
+            "token/mask": np.ones(len(r), bool), "token/micro": micro_of_row[r],
+            "token/row": r % per_micro, "token/position": p,
+            "micro/loss": losses, "micro/tokens": counts, "micro/rows": np.full(micro, per_micro),
+            "micro/length": np.full(micro, length),
+            "micro/num_items_in_batch": np.full(micro, float(counts.sum())),
+            "sequence/length": lengths, "sequence/advantage": adv, "sequence/prompt": prompt,
+            "sequence/micro": micro_of_row, "sequence/row": np.arange(rows) % per_micro}
+        for k, v in arrays.items():
+            if v.dtype == np.float64:
+                arrays[k] = v.astype(np.float32)
+            elif v.dtype != bool:
+                arrays[k] = v.astype(np.int64)
+        np.savez_compressed(path / f"step_{step:08d}.rank0.npz", format=np.asarray(FORMAT),
+                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
+                            settings=np.asarray(json.dumps(settings)),
+                            step=np.asarray(step, dtype=np.int64),
+                            rank=np.asarray(0, dtype=np.int64), **arrays)
+    return path
