@@ -150,6 +150,25 @@ class _StepBuffer:
             merged = {k: v[keep] for k, v in merged.items()}
         self.keys, self.tokens = keys, merged
 
+    def add_sequences(self, lengths, seq_adv, prompts, micro):
+        """One micro-batch's responses: their lengths, mean advantages and prompt keys."""
+        B = len(lengths)
+        self.sequences["length"] += lengths.tolist()
+        self.sequences["advantage"] += seq_adv.tolist()
+        self.sequences["prompt"] += list(prompts)
+        self.sequences["micro"] += [micro] * B
+        self.sequences["row"] += list(range(B))
+
+    def write(self, path: Path, rank: int, settings: dict) -> Path:
+        """The step as one npz file (schema SCHEMA_VERSION) under `path`; returns its name."""
+        f = path / f"step_{self.step:08d}.rank{rank}.npz"
+        np.savez_compressed(f, format=np.asarray(FORMAT),
+                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
+                            settings=np.asarray(json.dumps(settings)),
+                            step=np.asarray(self.step, dtype=np.int64),
+                            rank=np.asarray(rank, dtype=np.int64), **self.arrays())
+        return f
+
     def arrays(self) -> dict:
         out = {}
         for k in TOKEN_FIELDS:
@@ -255,21 +274,11 @@ class Capture:
                      ("num_items_in_batch", _float(inputs.get("num_items_in_batch")))):
             buf.micro[k].append(v)
         seq_adv = (adv * mask).sum(-1) / lengths.clamp(min=1)
-        buf.sequences["length"] += lengths.tolist()
-        buf.sequences["advantage"] += seq_adv.tolist()
-        buf.sequences["prompt"] += _prompt_hashes(inputs)
-        buf.sequences["micro"] += [micro] * B
-        buf.sequences["row"] += list(range(B))
+        buf.add_sequences(lengths, seq_adv, _prompt_hashes(inputs), micro)
 
     def _write(self):
         buf, self.buffer = self.buffer, None
-        f = self.path / f"step_{buf.step:08d}.rank{self.rank}.npz"
-        np.savez_compressed(f, format=np.asarray(FORMAT),
-                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
-                            settings=np.asarray(json.dumps(self.settings)),
-                            step=np.asarray(buf.step, dtype=np.int64),
-                            rank=np.asarray(self.rank, dtype=np.int64), **buf.arrays())
-        self.files.append(f)
+        self.files.append(buf.write(self.path, self.rank, self.settings))
 
     # -- the handle ----------------------------------------------------------------------------
     def close(self):

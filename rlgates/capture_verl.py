@@ -37,7 +37,6 @@ order after its own rebalancing.
 
 from __future__ import annotations
 
-import json
 import warnings
 import zlib
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .capture import FORMAT, SCHEMA_VERSION, _StepBuffer
+from .capture import _StepBuffer
 
 #: The actor-config fields a verl capture records (None where the installed verl lacks one)
 VERL_SETTINGS = ("loss_agg_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high",
@@ -159,21 +158,11 @@ class VerlCapture:
             prompts = [zlib.crc32(r.tobytes()) for r in p]
         else:
             prompts = [0] * B
-        buf.sequences["length"] += lengths.tolist()
-        buf.sequences["advantage"] += seq_adv.tolist()
-        buf.sequences["prompt"] += prompts
-        buf.sequences["micro"] += [micro] * B
-        buf.sequences["row"] += list(range(B))
+        buf.add_sequences(lengths, seq_adv, prompts, micro)
 
     def _write(self):
         buf, self.buffer = self.buffer, None
-        f = self.path / f"step_{buf.step:08d}.rank{self.rank}.npz"
-        np.savez_compressed(f, format=np.asarray(FORMAT),
-                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
-                            settings=np.asarray(json.dumps(self.settings)),
-                            step=np.asarray(buf.step, dtype=np.int64),
-                            rank=np.asarray(self.rank, dtype=np.int64), **buf.arrays())
-        self.files.append(f)
+        self.files.append(buf.write(self.path, self.rank, self.settings))
 
     def close(self):
         """Write the last step, give the worker back its own loss and optimiser step."""

@@ -203,17 +203,6 @@ class MoEPolicy(LabPolicy):
         h, _, own = self._moe(x, routing, noise)
         return self._linear(h, self.w_head, self.b_head), own
 
-    def _inputs(self, prompt, response):
-        """LabPolicy's body input for every response position: [R, B, T, H]."""
-        R, B, T = response.shape
-        start = response.new_full((R, B, 1), self.bos)
-        prev = torch.cat([start, response[..., :-1]], -1)
-        ctx = self._embed(self.ctx, response[..., :-1]).cumsum(-2)
-        ctx = ctx / torch.arange(1, T, device=ctx.device, dtype=ctx.dtype)[:, None]
-        ctx = torch.cat([ctx.new_zeros(R, B, 1, ctx.shape[-1]), ctx], -2)
-        return (self._prompt(prompt)[:, :, None] + self.pos[:, None, :T]
-                + self._embed(self.tok, prev) + ctx)
-
     def features(self, prompt, response, routing=None):
         """The hidden state the LM head reads: [R, B, T, hidden] (or [B, T, hidden])."""
         if response.dim() == 2:

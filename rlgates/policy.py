@@ -290,15 +290,19 @@ class LabPolicy(nn.Module):
         if response.dim() == 2:
             self._single_run()
             return self.features(prompt[None], response[None])[0]
+        return self._body(self._inputs(prompt, response))
+
+    def _inputs(self, prompt, response):
+        """The body's input for every response position: [R, B, T, hidden]. The prompt, the
+        position, the previous token and the mean of the response so far."""
         R, B, T = response.shape
         start = response.new_full((R, B, 1), self.bos)
         prev = torch.cat([start, response[..., :-1]], -1)
         ctx = self._embed(self.ctx, response[..., :-1]).cumsum(-2)
         ctx = ctx / torch.arange(1, T, device=ctx.device, dtype=ctx.dtype)[:, None]
         ctx = torch.cat([ctx.new_zeros(R, B, 1, ctx.shape[-1]), ctx], -2)
-        x = (self._prompt(prompt)[:, :, None] + self.pos[:, None, :T]
-             + self._embed(self.tok, prev) + ctx)
-        return self._body(x)
+        return (self._prompt(prompt)[:, :, None] + self.pos[:, None, :T]
+                + self._embed(self.tok, prev) + ctx)
 
     def log_probs(self, response, prompt):
         """log π(y_t | prompt, y_<t) for every response token: [R, B, T] (or [B, T], as
