@@ -6,6 +6,8 @@ four aggregation modes) is written once.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as verl does (TRL
@@ -72,6 +74,17 @@ def check_mask(mask, shape, device=None):
     if tuple(mask.shape) != shape:
         raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     return mask if mask.dtype == torch.bool else _bool_mask(mask)
+
+
+def positive_number(value, name: str) -> float:
+    """`value` as a float; ValueError, naming `name`, unless it is a finite number > 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return v
 
 
 def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:

@@ -66,13 +66,7 @@ LEVELS = ("token", "sequence")
 def _threshold(kind, name, value):
     if value is None:
         return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{kind}: {name} must be a number or None, got {value!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{kind}: {name} must be finite and > 0, got {value!r}")
-    return v
+    return nx.positive_number(value, f"{kind}: {name}")
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
 
+from ._numerics import positive_number
 from .devices import on_accelerator
 
 
@@ -179,13 +179,7 @@ def lagged_log_ratios(lags=(0, 1, 2, 4, 8), vocab=64, hidden=64, prompts=8, grou
 
 def check_temperature(temperature) -> float:
     """A sampling temperature as a float; ValueError unless it is finite and > 0."""
-    try:
-        t = float(temperature)
-    except (TypeError, ValueError):
-        raise ValueError(f"temperature must be a number, got {temperature!r}") from None
-    if not math.isfinite(t) or t <= 0:
-        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
-    return t
+    return positive_number(temperature, "temperature")
 
 
 class LabPolicy(nn.Module):
