@@ -21,7 +21,12 @@ QUANTITIES = {
     "aggregation": ["rlgates.aggregation_weight(mask, agg)"],
     "GAE": ["rlgates.advantages.gae(rewards, values, mask, gamma, lam)"],
     "value model": ["rlgates.advantages.value_loss(values, values_old, returns, mask)"],
+    "value clipping": ["rlgates.advantages.value_gate(values, values_old, returns, clip_range)"],
+    "value clip fraction": [
+        "rlgates.advantages.value_clip_fraction(values, values_old, returns, mask)"],
 }
+#: the entries whose one named call is checked against the library's signature
+SIGNATURES = ("GAE", "value model", "value clipping", "value clip fraction")
 
 
 def glossary_entries() -> dict:
@@ -87,7 +92,7 @@ def test_the_advantage_entries_name_real_signatures():
     import inspect
 
     entries = glossary_entries()
-    for term in ("GAE", "value model"):
+    for term in SIGNATURES:
         (call,) = QUANTITIES[term]
         dotted, args = call[:-1].split("(")
         obj = rlgates
@@ -98,3 +103,30 @@ def test_the_advantage_entries_name_real_signatures():
         assert "chapter 19" in entries[term]
     # negative control: a misnamed argument is caught
     assert list(inspect.signature(rlgates.advantages.gae).parameters)[:2] != ["rewards", "value"]
+
+
+def test_the_value_clipping_entries_say_what_verl_and_the_library_do():
+    """The value clipping entry's default is the library's and verl's; the clip fraction entry
+    names verl's metric and the lab's, and the policy's clip fraction points to it."""
+    import inspect
+
+    from rlgates.lab.critic import CRITIC_METRICS as critic_docs
+    from rlgates.trainers import facts
+
+    entries = glossary_entries()
+    clipping, fraction = entries["value clipping"], entries["value clip fraction"]
+    default = inspect.signature(rlgates.advantages.value_loss).parameters["clip_range"].default
+    assert default == rlgates.lab.LabConfig().cliprange_value == 0.5
+    assert "`critic.cliprange_value`, 0.5 by default" in clipping
+    if facts.installed():
+        assert facts.verl("critic.cliprange_value") == default
+        facts.says("verl/workers/utils/losses.py",
+                   '"critic/vf_clipfrac": vf_clipfrac.detach().item(),')
+    assert "`critic/vf_clipfrac`" in fraction and "`vf_clipfrac`" in fraction
+    assert "vf_clipfrac" in critic_docs
+    assert "{term}`value clip fraction`" in entries["clip fraction"]
+    # one definition per term: each term heads exactly one entry
+    block = (ROOT / "glossary.md").read_text().split("```{glossary}")[1].split("```")[0]
+    heads = [line.strip() for line in block.splitlines() if line and not line.startswith(" ")]
+    assert len(heads) == len(set(heads))
+    assert heads.count("value clipping") == heads.count("value clip fraction") == 1
