@@ -50,12 +50,27 @@ def make_inputs(tokens, device, dtype=torch.float32, seed=0, mask_dtype=torch.bo
     return (*(x.to(device, dtype) for x in (logp, logp_old, adv)), mask.to(device))
 
 
-def step_fn(name, impl):
+def side_info(name, logp):
+    """The side information no batch gives, for a method that reads it (None otherwise): each
+    token's entropy, the sampler's log-probs and a random draw, as the tests make them. Both
+    implementations get the same; each derives the rest (π_old, the covariance) itself."""
+    m = rlgates.get(name)
+    if not m.side_inputs:
+        return None
+    g = torch.Generator(device="cpu").manual_seed(1)
+    fields = {"entropy": torch.rand(logp.shape, generator=g).mul_(2),
+              "sampler_logp": torch.rand(logp.shape, generator=g).mul_(-3),
+              "draw": torch.rand(logp.shape, generator=g)}
+    return rlgates.SideInfo(**{k: v.to(logp.device) for k, v in fields.items()})
+
+
+def step_fn(name, impl, side=None):
     m = rlgates.get(name)
     agg = m.agg  # each method's own default aggregation, for both implementations
     if impl == "rlgates":
-        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg)
-    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, **m.hparams)
+        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg, side=side)
+    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, side=side,
+                                                          **m.hparams)
 
 
 def one_step(fn, logp, logp_old, adv, mask):
@@ -77,7 +92,8 @@ def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     The CPU time (this process's, all threads) is steadier than the wall time on a shared
     machine."""
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
-    runs = {impl: (step_fn(name, impl), inputs) for impl in ("rlgates", "reference")}
+    side = side_info(name, inputs[0])
+    runs = {impl: (step_fn(name, impl, side), inputs) for impl in ("rlgates", "reference")}
     if mask_dtype != inputs[0].dtype:
         runs["ref0"] = (runs["reference"][0], (*inputs[:3], inputs[3].to(inputs[0].dtype)))
     for fn, args in runs.values():  # warm up
@@ -134,8 +150,8 @@ class PeakTensorMemory(TorchDispatchMode):
 
 def peak_memory(name, impl, tokens, device, mask_dtype=torch.bool):
     """Extra peak memory (bytes) of one step over its inputs."""
-    fn = step_fn(name, impl)
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
+    fn = step_fn(name, impl, side_info(name, inputs[0]))
     one_step(fn, *inputs)  # warm up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
