@@ -52,8 +52,9 @@ def make_inputs(tokens, device, dtype=torch.float32, seed=0, mask_dtype=torch.bo
 
 def side_info(name, logp):
     """The side information no batch gives, for a method that reads it (None otherwise): each
-    token's entropy, the sampler's log-probs and a random draw, as the tests make them. Both
-    implementations get the same; each derives the rest (π_old, the covariance) itself."""
+    token's entropy, the sampler's log-probs or a random draw (Clip-Cov's pick), as the tests
+    make them. Both implementations get the same; each derives the rest (π_old, the
+    covariance) itself."""
     m = rlgates.get(name)
     if not m.side_inputs:
         return None
@@ -61,7 +62,8 @@ def side_info(name, logp):
     fields = {"entropy": torch.rand(logp.shape, generator=g).mul_(2),
               "sampler_logp": torch.rand(logp.shape, generator=g).mul_(-3),
               "draw": torch.rand(logp.shape, generator=g)}
-    return rlgates.SideInfo(**{k: v.to(logp.device) for k, v in fields.items()})
+    wanted = set(m.side_inputs) | ({"draw"} if name == "clip_cov" else set())
+    return rlgates.SideInfo(**{k: v.to(logp.device) for k, v in fields.items() if k in wanted})
 
 
 def step_fn(name, impl, side=None):
