@@ -179,10 +179,13 @@ def batch_cov(logp, adv, mask):
     computed as verl's kl_cov does, on the flat list of real tokens; 0 on padding. No gradient:
     it only picks tokens."""
     logp, adv = logp.detach(), adv.detach().expand_as(logp)
-    real_logp, real_adv = logp[mask], adv[mask]
+    # the real tokens' flat indices, found once (a bool index finds them again on each use);
+    # the values and their order are those of logp[mask], so the means are bit for bit verl's
+    real = mask.reshape(-1).nonzero().squeeze(-1)
     cov = torch.zeros_like(logp)
-    if real_logp.numel():
-        cov[mask] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
+    if real.numel():
+        real_logp, real_adv = logp.reshape(-1)[real], adv.reshape(-1)[real]
+        cov.view(-1)[real] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
     return cov
 
 

@@ -120,11 +120,13 @@ class ClipCov(_CovPick, SignClip):
                 "key per token, the smallest picked) was not given. Pass side=rlgates."
                 "SideInfo(draw=torch.rand(logp.shape)), or the pick itself as picked=...")
         can = self.candidates(logp, logp_old, adv, mask, cov).flatten()
-        keys = torch.where(can, side.draw.to(logp.dtype).expand_as(logp).flatten(), torch.inf)
-        order = torch.sort(keys, stable=True).indices[:pick_count(self.hparams["cov_ratio"],
-                                                                  mask)]
+        # sort the candidates' keys only (a few of the batch's tokens), in token order: the
+        # stable sort then breaks ties by the earlier token, as a sort of all keys would
+        index = can.nonzero().squeeze(-1)
+        keys = side.draw.to(logp.dtype).expand_as(logp).reshape(-1)[index]
+        count = pick_count(self.hparams["cov_ratio"], mask)
         picked = torch.zeros_like(can)
-        picked[order] = can[order]
+        picked[index[torch.sort(keys, stable=True).indices[:count]]] = True
         return picked.view_as(mask)
 
     def _weight(self, ratio, adv, side):
