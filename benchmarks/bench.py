@@ -9,7 +9,9 @@ For each (method, size, device) it prints the time per step of rlgates and of th
 slower) with the min-max of the ratios of the steps run side by side (one of each per repeat,
 so that they share the machine's load), the ratio against the reference given a mask that needs
 no cast (ref0), the ratio of CPU times (steadier on a shared machine) with its paired min-max,
-and the peak memory of each. Peak memory is measured
+and the peak memory of each. A method that reads side information gets the fields no batch
+gives (entropy, the sampler's log-probs, Clip-Cov's random draw), the same for both; the
+references of those methods are `rlgates.reference.SIDE_REFERENCES`. Peak memory is measured
 in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
 torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
 training lab's throughput.
