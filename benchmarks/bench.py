@@ -9,7 +9,9 @@ For each (method, size, device) it prints the time per step of rlgates and of th
 slower) with the min-max of the ratios of the steps run side by side (one of each per repeat,
 so that they share the machine's load), the ratio against the reference given a mask that needs
 no cast (ref0), the ratio of CPU times (steadier on a shared machine) with its paired min-max,
-and the peak memory of each. Peak memory is measured
+and the peak memory of each. A method that reads side information gets the fields no batch
+gives (entropy, the sampler's log-probs, Clip-Cov's random draw), the same for both; the
+references of those methods are `rlgates.reference.SIDE_REFERENCES`. Peak memory is measured
 in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
 torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
 training lab's throughput.
@@ -50,12 +52,29 @@ def make_inputs(tokens, device, dtype=torch.float32, seed=0, mask_dtype=torch.bo
     return (*(x.to(device, dtype) for x in (logp, logp_old, adv)), mask.to(device))
 
 
-def step_fn(name, impl):
+def side_info(name, logp):
+    """The side information no batch gives, for a method that reads it (None otherwise): each
+    token's entropy, the sampler's log-probs or a random draw (Clip-Cov's pick), as the tests
+    make them. Both implementations get the same; each derives the rest (π_old, the
+    covariance) itself."""
+    m = rlgates.get(name)
+    if not m.side_inputs:
+        return None
+    g = torch.Generator(device="cpu").manual_seed(1)
+    fields = {"entropy": torch.rand(logp.shape, generator=g).mul_(2),
+              "sampler_logp": torch.rand(logp.shape, generator=g).mul_(-3),
+              "draw": torch.rand(logp.shape, generator=g)}
+    wanted = set(m.side_inputs) | ({"draw"} if name == "clip_cov" else set())
+    return rlgates.SideInfo(**{k: v.to(logp.device) for k, v in fields.items() if k in wanted})
+
+
+def step_fn(name, impl, side=None):
     m = rlgates.get(name)
     agg = m.agg  # each method's own default aggregation, for both implementations
     if impl == "rlgates":
-        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg)
-    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, **m.hparams)
+        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg, side=side)
+    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, side=side,
+                                                          **m.hparams)
 
 
 def one_step(fn, logp, logp_old, adv, mask):
@@ -77,7 +96,8 @@ def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     The CPU time (this process's, all threads) is steadier than the wall time on a shared
     machine."""
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
-    runs = {impl: (step_fn(name, impl), inputs) for impl in ("rlgates", "reference")}
+    side = side_info(name, inputs[0])
+    runs = {impl: (step_fn(name, impl, side), inputs) for impl in ("rlgates", "reference")}
     if mask_dtype != inputs[0].dtype:
         runs["ref0"] = (runs["reference"][0], (*inputs[:3], inputs[3].to(inputs[0].dtype)))
     for fn, args in runs.values():  # warm up
@@ -134,8 +154,8 @@ class PeakTensorMemory(TorchDispatchMode):
 
 def peak_memory(name, impl, tokens, device, mask_dtype=torch.bool):
     """Extra peak memory (bytes) of one step over its inputs."""
-    fn = step_fn(name, impl)
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
+    fn = step_fn(name, impl, side_info(name, inputs[0]))
     one_step(fn, *inputs)  # warm up
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -77,13 +77,28 @@ class SideInfo:
             if value is not None:
                 object.__setattr__(self, f.name, _checked(f.name, value))
 
+    def _with(self, values) -> SideInfo:
+        """A copy with `values` set, checking only the values that are not already this
+        object's (checked) tensors: a loss completes its side information several times per
+        call, and each check is a pass over a [B, T] tensor."""
+        out = object.__new__(SideInfo)
+        for f in fields(self):
+            value = values.get(f.name, getattr(self, f.name))
+            if value is not None and value is not getattr(self, f.name):
+                value = _checked(f.name, value)
+            object.__setattr__(out, f.name, value)
+        return out
+
     def given(self) -> tuple[str, ...]:
         """The names of the fields that hold a value."""
         return tuple(f.name for f in fields(self) if getattr(self, f.name) is not None)
 
     def replace(self, **values) -> SideInfo:
         """A copy with some fields set (validated like the constructor's)."""
-        return replace(self, **values)
+        unknown = set(values) - {f.name for f in fields(self)}
+        if unknown:
+            return replace(self, **values)  # dataclasses' own error names the field
+        return self._with(values)
 
     def to(self, like: torch.Tensor, shape=None) -> SideInfo:
         """Every field in `like`'s dtype and device; with `shape`, each checked to broadcast to
@@ -99,7 +114,7 @@ class SideInfo:
                                      f"does not broadcast to the batch's {tuple(shape)}") from None
             dtype = like.dtype if value.dtype != torch.bool else torch.bool
             out[name] = value.to(device=like.device, dtype=dtype)
-        return replace(self, **out) if out else self
+        return self._with(out) if out else self
 
     def __repr__(self):
         given = ", ".join(f"{n}=<{tuple(getattr(self, n).shape)}>" for n in self.given())
@@ -124,6 +139,8 @@ def _checked(name, value):
     if not t.is_floating_point():
         t = t.to(torch.get_default_dtype())
     t = t.detach()
+    if t.numel() and _in_range(name, t):
+        return t
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"sideinfo.{name} must be finite, got {_sample(t[~torch.isfinite(t)])}")
     bad = {"probs_old": (t <= 0) | (t > 1), "entropy": t < 0, "sampler_logp": t > 0,
@@ -131,6 +148,17 @@ def _checked(name, value):
     if bad is not None and bool(bad.any()):
         raise ValueError(f"sideinfo.{name} must be {_RANGE[name]}, got {_sample(t[bad])}")
     return t
+
+
+def _in_range(name, t):
+    """Whether every value of `t` is finite and in the field's range: one pass (aminmax, whose
+    min and max are NaN if any value is); on False the caller finds what is wrong."""
+    low, high = torch.aminmax(t)
+    low_ok = {"probs_old": low > 0, "entropy": low >= 0, "draw": low >= 0}.get(
+        name, low > -torch.inf)
+    high_ok = {"probs_old": high <= 1, "sampler_logp": high <= 0, "draw": high <= 1}.get(
+        name, high < torch.inf)
+    return bool(low_ok & high_ok)
 
 
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -151,10 +179,13 @@ def batch_cov(logp, adv, mask):
     computed as verl's kl_cov does, on the flat list of real tokens; 0 on padding. No gradient:
     it only picks tokens."""
     logp, adv = logp.detach(), adv.detach().expand_as(logp)
-    real_logp, real_adv = logp[mask], adv[mask]
+    # the real tokens' flat indices, found once (a bool index finds them again on each use);
+    # the values and their order are those of logp[mask], so the means are bit for bit verl's
+    real = mask.reshape(-1).nonzero().squeeze(-1)
     cov = torch.zeros_like(logp)
-    if real_logp.numel():
-        cov[mask] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
+    if real.numel():
+        real_logp, real_adv = logp.reshape(-1)[real], adv.reshape(-1)[real]
+        cov.view(-1)[real] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
     return cov
 
 

@@ -142,13 +142,129 @@ REFERENCES = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sa
               "gmpo": gmpo_loss, "gpg": gpg_loss, "dro": dro_loss}
 
 
-def reference_loss(name, logp, logp_old, adv, mask, agg, **hparams):
-    """The reference loss for a registry name, with rlgates' hyperparameter names."""
+def reference_loss(name, logp, logp_old, adv, mask, agg, side=None, **hparams):
+    """The reference loss for a registry name, with rlgates' hyperparameter names. side: an
+    rlgates.SideInfo whose entropy, draw and sampler_logp a method with side inputs reads."""
     if adv.dim() == 1:  # per-sequence advantages broadcast over the tokens
         adv = adv[:, None].expand_as(logp)
     if name in ("ppo", "grpo"):
         eps = hparams.get("eps", 0.2)
         return clip_loss(logp, logp_old, adv, mask, agg, eps, eps, hparams.get("safety_eps", 0.0))
+    if name in SIDE_REFERENCES:
+        fields = {"clip_cov": "draw", "opsm": "sampler_logp", "top_entropy": "entropy"}
+        if name in fields and side is not None and getattr(side, fields[name]) is not None:
+            hparams[fields[name]] = getattr(side, fields[name]).to(logp.dtype)
+        return SIDE_REFERENCES[name](logp, logp_old, adv, mask, agg, **hparams)
     if name not in REFERENCES:
         raise ValueError(f"no reference for {name!r}")
     return REFERENCES[name](logp, logp_old, adv, mask, agg, **hparams)
+
+
+# --- losses that read more than (ρ, A): as verl 0.9.1 and TRL 1.16 write them ------------------
+# Plain too, with the side information as keyword arguments; tests/test_gradients.py checks them
+# against rlgates in float64, tests/test_conformance_* check rlgates against the trainers' own.
+
+def dppo_loss(logp, logp_old, adv, mask, agg, delta_low=0.2, delta_high=0.2, c=3.0, kl=False,
+              safety_eps=0.0):
+    """verl's dppo_tv (kl=False) or dppo_kl: −M·sg(min(ρ, c))·A·log π, M the trust-region mask
+    on π − π_old (TV) or on the binary KL between Bernoulli(π_old) and Bernoulli(π)."""
+    log_ratio = torch.clamp(logp - logp_old, min=-20.0, max=20.0)
+    truncated = torch.clamp(torch.exp(log_ratio), max=c).detach()
+    prob, old_prob = torch.exp(logp), torch.exp(logp_old)
+    if kl:
+        divergence = old_prob * (logp_old - logp) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+        valid_pos = (divergence <= delta_high) | (prob <= old_prob)
+        valid_neg = (divergence <= delta_low) | (prob >= old_prob)
+    else:
+        valid_pos = (prob - old_prob) <= delta_high
+        valid_neg = (prob - old_prob) >= -delta_low
+    valid = torch.where(adv > 0, valid_pos, valid_neg).detach().to(logp.dtype)
+    return agg_loss(-adv * truncated * logp * valid, mask, agg, safety_eps)
+
+
+def dppo_kl_loss(logp, logp_old, adv, mask, agg, **hparams):
+    return dppo_loss(logp, logp_old, adv, mask, agg, kl=True, **hparams)
+
+
+def _masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+
+def clip_cov_loss(logp, logp_old, adv, mask, agg, eps_low=0.2, eps_high=0.2, cov_ratio=2e-4,
+                  cov_low=1.0, cov_high=5.0, draw=None, safety_eps=0.0):
+    """verl's clip_cov: PPO's clipped loss, times 0 on max(⌊cov_ratio·N⌋, 1) tokens drawn at
+    random among the real, unclipped tokens whose covariance lies inside (cov_low, cov_high).
+    verl draws them with torch.randperm; here the candidates with the smallest `draw` keys."""
+    m = mask.to(logp.dtype)
+    ratio = _ratio(logp, logp_old)
+    losses1 = -adv * ratio
+    losses2 = -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    clip_by_origin = (losses2 > losses1) & (m > 0)
+    cov = (adv - _masked_mean(adv, m)) * (logp - _masked_mean(logp.detach(), m))
+    cov[m == 0] = -torch.inf
+    cov[clip_by_origin] = -torch.inf
+    clip_num = max(int(cov_ratio * m.sum().item()), 1)
+    candidates = torch.nonzero((cov < cov_high) & (cov > cov_low) & (m > 0))
+    order = torch.argsort(draw.expand_as(logp)[candidates[:, 0], candidates[:, 1]], stable=True)
+    picked = candidates[order[:clip_num]]
+    corr = torch.ones_like(logp)
+    corr[picked[:, 0], picked[:, 1]] = 0
+    return agg_loss(torch.maximum(losses1, losses2) * corr, mask, agg, safety_eps)
+
+
+def kl_cov_loss(logp, logp_old, adv, mask, agg, cov_ratio=2e-4, kl_coef=0.1, safety_eps=0.0):
+    """verl's kl_cov: −A·ρ, plus κ·|log ρ| on the max(⌊cov_ratio·N⌋, 1) real tokens of largest
+    covariance (log π − mean)·(A − mean), means over the real tokens."""
+    log_ratio = torch.clamp(logp - logp_old, min=-20.0, max=20.0)
+    losses = -adv * torch.exp(log_ratio)
+    losses_kl = losses + kl_coef * log_ratio.abs()
+    valid = mask.reshape(-1) > 0
+    valid_idx = torch.nonzero(valid, as_tuple=True)[0]
+    valid_adv = adv.reshape(-1)[valid].detach()
+    valid_logp = logp.reshape(-1)[valid].detach()
+    if valid_idx.numel():
+        cov = (valid_adv - valid_adv.mean()) * (valid_logp - valid_logp.mean())
+        top = valid_idx[torch.topk(cov, max(1, int(cov.numel() * cov_ratio))).indices]
+        rows, cols = top // logp.shape[1], top % logp.shape[1]
+        losses = losses.clone()
+        losses[rows, cols] = losses_kl[rows, cols]
+    return agg_loss(losses, mask, agg, safety_eps)
+
+
+def opsm_loss(logp, logp_old, adv, mask, agg, eps_low=0.2, eps_high=0.28, delta=0.5,
+              sampler_logp=None, safety_eps=0.0):
+    """TRL's off_policy_mask_threshold on DAPO's loss: a response with A < 0 whose mean KL to
+    the sampler, mean_t(log π_sampler − log π), exceeds δ is dropped (the sampler is π_old when
+    not given)."""
+    m = mask.to(logp.dtype)
+    sampler = logp_old if sampler_logp is None else sampler_logp
+    kl = torch.nan_to_num(sampler - logp.detach(), nan=0.0)
+    mean_kl = (kl * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)
+    keep = ((adv >= 0) | (mean_kl <= delta)).to(logp.dtype)
+    ratio = _ratio(logp, logp_old)
+    losses = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
+    return agg_loss(losses * keep, mask, agg, safety_eps)
+
+
+def top_entropy_loss(logp, logp_old, adv, mask, agg, eps_low=0.2, eps_high=0.28, top=0.2,
+                     entropy=None, safety_eps=0.0):
+    """TRL's top_entropy_quantile on DAPO's loss: only tokens whose entropy is at or above the
+    (1 − top) quantile of the real tokens' entropies learn."""
+    real = mask.bool()
+    entropy = entropy.to(logp.dtype).expand_as(logp)
+    if real.any():
+        threshold = torch.quantile(entropy[real], 1 - top)
+        keep = ((entropy * mask.to(logp.dtype)) >= threshold) & real
+    else:
+        keep = real
+    ratio = _ratio(logp, logp_old)
+    losses = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
+    return agg_loss(losses * keep.to(logp.dtype), mask, agg, safety_eps)
+
+
+#: The reference loss of every method that reads side information, with rlgates' hyperparameter
+#: names; `reference_loss` passes them the fields of an `rlgates.SideInfo` they read
+#: (entropy, draw, sampler_logp) as keyword arguments.
+SIDE_REFERENCES = {"dppo_tv": dppo_loss, "dppo_kl": dppo_kl_loss, "clip_cov": clip_cov_loss,
+                   "kl_cov": kl_cov_loss, "opsm": opsm_loss, "top_entropy": top_entropy_loss}

@@ -164,14 +164,13 @@ def test_gate_zero_and_gate_mean_over_the_tokens_with_a_signal():
 
 def test_the_trainer_names_are_the_trainers_own():
     """Every verl or TRL name in the registry is a metric key the installed trainer writes."""
-    import importlib.util
-    from pathlib import Path
+    from rlgates.trainers import facts
 
-    def source(module):
-        return Path(importlib.util.find_spec(module).origin).read_text()
+    def source(relative):  # read, not imported: finding verl.trainer's spec imports verl (~6 s)
+        return facts.path(relative).read_text()
 
-    trl = source("trl.trainer.grpo_trainer")
-    verl = source("verl.trainer.ppo.core_algos") + source("verl.trainer.ppo.metric_utils")
+    trl = source("trl/trainer/grpo_trainer.py")
+    verl = source("verl/trainer/ppo/core_algos.py") + source("verl/trainer/ppo/metric_utils.py")
     named = [(d.trl, trl) for d in diagnostics.REGISTRY.values() if d.trl]
     named += [(d.verl, verl) for d in diagnostics.REGISTRY.values() if d.verl]
     assert len(named) >= 10
@@ -180,6 +179,7 @@ def test_the_trainer_names_are_the_trainers_own():
     assert '"clip_ratio/made_up"' not in trl  # the negative control
 
 
+@pytest.mark.xdist_group("trainers")  # imports verl (~2 s): on the worker that has it already
 def test_a_registered_diagnostic_reaches_the_lab_the_tables_and_the_trainer_logs():
     """Adding a diagnostic is one place: register it, and the lab's results, its metric table,
     the lab's summary tables, diagnostics.table() and both adapters' logs carry it."""

@@ -144,6 +144,42 @@ def test_values_and_gradients_equal_the_trainer_reference(name, agg, safety_eps,
     assert torch.allclose(a.grad, b.grad, rtol=rtol, atol=1e-300)
 
 
+#: hyperparameters at which each side reference's rule acts on no token (the negative control)
+RULE_OFF = {"dppo_tv": {"delta_low": 10.0, "delta_high": 10.0},
+            "dppo_kl": {"delta_low": 1e9, "delta_high": 1e9}, "kl_cov": {"kl_coef": 0.0},
+            "clip_cov": {"cov_low": -2e9, "cov_high": -1e9}, "opsm": {"delta": 1e9},
+            "top_entropy": {"top": 1.0}}
+#: ... and where the defaults leave this batch untouched, hyperparameters at which it acts
+RULE_ON = {"opsm": {"delta": 0.05}}
+
+
+@pytest.mark.parametrize("per_token_adv", [False, True])
+@pytest.mark.parametrize("side_name", sorted(reference.SIDE_REFERENCES))
+def test_side_references_equal_rlgates(side_name, agg, per_token_adv):
+    """The plain references of the methods with side inputs (the benchmark times them) compute
+    rlgates' loss and gradient, given a float mask as trainers pass it; and each rule acts on
+    this batch (its gradient moves when the rule is switched off)."""
+    assert set(RULE_OFF) == set(reference.SIDE_REFERENCES)
+    logp, logp_old, adv, mask = make_batch(B=16, T=64, seed=5, scale=0.6,
+                                           per_token_adv=per_token_adv)
+    m = rlgates.get(side_name, **RULE_ON.get(side_name, {}))
+    side = side_for(m, logp.shape, seed=5)
+
+    def ref_grad(**hparams):
+        leaf = logp.clone().requires_grad_(True)
+        loss = reference.reference_loss(side_name, leaf, logp_old, adv, mask.double(), agg,
+                                        side=side, **{**m.hparams, **hparams})
+        loss.backward()
+        return loss, leaf.grad
+
+    ours, theirs = logp.clone().requires_grad_(True), ref_grad()
+    m.loss(ours, logp_old, adv, mask, agg, side=side).backward()
+    assert torch.allclose(m.loss(logp, logp_old, adv, mask, agg, side=side), theirs[0],
+                          rtol=1e-13, atol=1e-15)
+    assert torch.allclose(ours.grad, theirs[1], rtol=1e-13, atol=1e-300)
+    assert not torch.allclose(ref_grad(**RULE_OFF[side_name])[1], theirs[1])
+
+
 def test_default_aggregation_is_the_methods_own(name):
     """loss(agg=None) is loss(agg=m.agg); expected_grad and check_gradient follow it too."""
     m = rlgates.get(name)

@@ -512,3 +512,32 @@ def test_upto_equals_a_shorter_run():
     assert len(longer["ppo"][0].metrics["reward"]) == 4  # the original is left whole
     with pytest.raises(ValueError):
         lab.upto(longer, 5)
+
+
+# on the worker that imports the trainers: torch.optim's first optimizer imports torch._dynamo
+# (about a second), which the lab's own Adam exists to spare the other processes
+@pytest.mark.xdist_group("trainers")
+def test_the_labs_adam_is_torch_fused_adam_bit_for_bit():
+    from rlgates.lab._optim import _adam, _FusedAdam
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [((3, 4), torch.float32), ((5,), torch.float64), ((2, 2), torch.float32)]
+    start = [torch.randn(s, generator=g, dtype=d) for s, d in shapes]
+    ours = [p.clone().requires_grad_(True) for p in start]
+    theirs = [p.clone().requires_grad_(True) for p in start]
+    opt_ours = _adam(ours, 3e-2)
+    opt_theirs = torch.optim.Adam(theirs, lr=3e-2, fused=True)
+    assert isinstance(opt_ours, _FusedAdam)
+    for step in range(6):
+        grads = [torch.randn(s, generator=g, dtype=d) for s, d in shapes]
+        for opt, params in ((opt_ours, ours), (opt_theirs, theirs)):
+            opt.zero_grad()
+            assert all(p.grad is None for p in params)
+            for i, (p, grad) in enumerate(zip(params, grads, strict=True)):
+                if not (i == 2 and step < 2):  # a parameter with no gradient yet: untouched
+                    p.grad = grad.clone()
+            opt.step()
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a, b)
+    # not vacuous: every parameter moved, the late one by its own (lazily started) step count
+    assert all(not torch.equal(a, b) for a, b in zip(ours, start, strict=True))

@@ -120,11 +120,13 @@ class ClipCov(_CovPick, SignClip):
                 "key per token, the smallest picked) was not given. Pass side=rlgates."
                 "SideInfo(draw=torch.rand(logp.shape)), or the pick itself as picked=...")
         can = self.candidates(logp, logp_old, adv, mask, cov).flatten()
-        keys = torch.where(can, side.draw.to(logp.dtype).expand_as(logp).flatten(), torch.inf)
-        order = torch.sort(keys, stable=True).indices[:pick_count(self.hparams["cov_ratio"],
-                                                                  mask)]
+        # sort the candidates' keys only (a few of the batch's tokens), in token order: the
+        # stable sort then breaks ties by the earlier token, as a sort of all keys would
+        index = can.nonzero().squeeze(-1)
+        keys = side.draw.to(logp.dtype).expand_as(logp).reshape(-1)[index]
+        count = pick_count(self.hparams["cov_ratio"], mask)
         picked = torch.zeros_like(can)
-        picked[order] = can[order]
+        picked[index[torch.sort(keys, stable=True).indices[:count]]] = True
         return picked.view_as(mask)
 
     def _weight(self, ratio, adv, side):
@@ -204,8 +206,14 @@ class KLCov(_CovPick):
     def token_objective(self, logp, logp_old, adv, mask, side):
         """verl's J_t = A·ρ − P_t·κ·|log ρ|, exact at A = 0 too."""
         log_ratio = torch.clamp(logp - logp_old, -nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP)
-        pulled = side.picked.to(logp.dtype)  # bool times a Python float would be float32
-        return adv * log_ratio.exp() - pulled * self.kl_coef * log_ratio.abs()
+        objective = adv * log_ratio.exp()
+        # the penalty on the picked tokens only (a few in ten thousand): no [B, T] pass for it
+        picked = side.picked.expand(objective.shape).reshape(-1).nonzero().squeeze(-1)
+        if not picked.numel():
+            return objective
+        flat, flat_log_ratio = objective.view(-1), log_ratio.reshape(-1)
+        penalty = self.kl_coef * flat_log_ratio[picked].abs()
+        return flat.index_put((picked,), flat[picked] - penalty).view_as(objective)
 
     def grad_coefficient(self, logp, logp_old, adv, mask, side):
         """A·ρ − P_t·κ·sign(log ρ), zero where the ±20 clamp of log ρ is active."""

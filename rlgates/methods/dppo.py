@@ -89,7 +89,8 @@ class DPPO(Method):
         logp = torch.where(mask, logp.detach(), 0.0)
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)
         keep = self.valid(log_ratio, logp.exp(), side.probs_old, adv)
-        return torch.clamp(nx.ratio_from_log(log_ratio), max=self.c) * keep
+        # in place on the log-ratio, no longer needed: no [B, T] temporaries for ρ and min(ρ, c)
+        return nx.ratio_from_log(log_ratio, out=log_ratio).clamp_(max=self.c).mul_(keep)
 
     def token_objective(self, logp, logp_old, adv, mask, side):
         """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is)."""

@@ -52,3 +52,8 @@ class GPG(CISPO):
 
     def bounds(self):
         return []
+
+    def token_objective(self, logp, logp_old, adv, mask):
+        """verl's J_t = A·log π: CISPO's weight sg(clip(ρ, 1, 1)) is 1, so ρ is never formed
+        (verl's gpg does not read log π_old either)."""
+        return adv * logp
