@@ -113,7 +113,7 @@ def _inspect(args) -> int:
     fired = [f for f in findings if f.fired]
     if not args.quiet or fired:
         for f in fired:
-            print(f"FINDING {f.name}: {f.message} [{f.atlas}]")
+            print(f"FINDING {f.name}: {f.message}\n  read: {f.atlas}")
         if not fired:
             print(f"healthy: no detector fired ({len(numbers['step'])} steps, "
                   f"{n_tokens:,} tokens)")
