@@ -117,26 +117,38 @@ def plane_figure(run, step, seed=0):
     return _png(fig), alt
 
 
+#: The series figure's panels: (key, y label); the first four are gate diagnostics
+SERIES = (("clipfrac_pos", "clip fraction, A > 0"), ("clipfrac_neg", "clip fraction, A < 0"),
+          ("approx_kl", "k3 KL estimate"), ("log_ratio_absmax", "largest abs(log ρ)"),
+          ("entropy", "mean entropy (nats)"), ("length", "mean length (tokens)"))
+
+
 def series_figure(numbers):
     """(PNG bytes, alt text): the diagnostics with a healthy range over the steps, the range
-    shaded, beside entropy and mean length."""
+    shaded, beside entropy and mean length. The gate diagnostics are drawn on the steps where
+    ρ ≠ 1 only: on a first pass over a batch they are 0 by construction."""
     import matplotlib.pyplot as plt
 
-    keys = ("clipfrac_pos", "clipfrac_neg", "approx_kl", "log_ratio_absmax", "entropy",
-            "length")
     fig, axes = plt.subplots(2, 3, figsize=(10, 5.2), constrained_layout=True)
-    steps = numbers["step"]
-    for ax, k in zip(axes.flat, keys, strict=True):
-        ax.plot(steps, numbers[k], marker="o", ms=3, color="C0", label=k)
+    steps = np.asarray(numbers["step"])
+    moved = np.asarray(numbers["rho_is_one"]) == 0
+    for ax, (k, label) in zip(axes.flat, SERIES, strict=True):
+        gated = k in HEALTHY
+        at = moved if gated and moved.any() else np.ones_like(moved)
+        legend = ("every step" if not gated else "steps with ρ ≠ 1" if moved.any() else
+                  "every step (ρ ≡ 1: 0 by construction)")
+        ax.plot(steps[at], np.asarray(numbers[k])[at], marker="o", ms=3, color="C0",
+                label=legend)
         if k in HEALTHY:
             lo, hi = HEALTHY[k]
             ax.axhspan(lo, hi, color="C2", alpha=0.15, lw=0, label="atlas's healthy range")
         ax.set_xlabel("step")
-        ax.set_ylabel(k)
+        ax.set_ylabel(label)
         ax.legend(fontsize=7, loc="best")
     alt = ("Six line charts over the training steps: clip fraction of A > 0 tokens, clip "
-           "fraction of A < 0 tokens, k3 KL estimate and largest abs(log ratio), each with "
-           "the atlas's healthy range shaded green, then mean entropy and mean response length.")
+           "fraction of A < 0 tokens, k3 KL estimate and largest abs(log ratio), drawn on the "
+           "steps where the ratio is not 1, each with the atlas's healthy range shaded green, "
+           "then mean entropy and mean response length on every step.")
     return _png(fig), alt
 
 
