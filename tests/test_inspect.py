@@ -139,6 +139,9 @@ def test_cli_refuses_unreadable_input_in_one_line(captures, tmp_path, capsys):
     np.savez(newer / src.name, **dict(data, schema_version=np.asarray(SCHEMA_VERSION + 1)))
     _one_line(capsys, [str(newer)], "newer than this rlgates reads")
     _one_line(capsys, [str(tmp_path / "missing")], "no such file")
+    # a folder of captures names them (the capture fixture's folder holds three)
+    _one_line(capsys, [str(Path(captures["step"]).parent)],
+              r"no capture files .*; it holds captures in micro, sampled, step$")
     # a capture file whose arrays are missing: one line too, not a traceback
     hollow = tmp_path / "hollow"
     hollow.mkdir()
