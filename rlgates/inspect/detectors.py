@@ -226,10 +226,14 @@ def entropy_collapse(x, settings):
     last, first, is_low, from_start = low
     fired = is_low and (from_start or not _too_big(x))
     if fired:
-        msg = (f"entropy {last:.3f} nats at the end (first step {first:.3f}) while the step "
-               f"size is healthy: the policy samples (nearly) one answer. Check the sampling "
-               f"temperature ({settings.get('temperature')}) and top_p; clip-higher or an "
-               "entropy bonus keep it up.")
+        seen = (f"entropy {last:.3f} nats at the end and {first:.3f} at the first step, low "
+                "before any update (its large per-step ratios come from its few unlikely "
+                "tokens; see step_size)" if _too_big(x) else
+                f"entropy {last:.3f} nats at the end (first step {first:.3f}) while the step "
+                "size is healthy")
+        msg = (f"{seen}: the policy samples (nearly) one answer. Check the sampling temperature "
+               f"({settings.get('temperature')}) and top_p; clip-higher or an entropy bonus "
+               "keep it up.")
     elif is_low:
         msg = (f"entropy fell to {last:.3f} nats, but the steps are too large too: read it "
                "as a step-size problem first (step_size)")

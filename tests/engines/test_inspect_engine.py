@@ -102,6 +102,7 @@ def test_collapse_and_step_size_are_told_apart(matrix):
     # temperature a step-size problem too; the entropy at the first step tells them apart
     assert low["step_size"].evidence["mean_approx_kl"] > STEP_SIZE_KL
     assert not low["step_size"].fired and low["entropy_collapse"].fired
+    assert "low before any update" in low["entropy_collapse"].message
 
 
 def test_command_on_real_dumps(dumps, tmp_path, capsys):
