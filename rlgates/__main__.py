@@ -13,9 +13,11 @@ COMMANDS = {"inspect": "inspect a capture of a training run (python -m rlgates i
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m rlgates COMMAND [ARGS]\n\ncommands:")
+        # --help asked for it (stdout, status 0); no command is a usage error (stderr, 2)
+        out = sys.stdout if argv else sys.stderr
+        print("usage: python -m rlgates COMMAND [ARGS]\n\ncommands:", file=out)
         for name, doc in COMMANDS.items():
-            print(f"  {name:10s} {doc}")
+            print(f"  {name:10s} {doc}", file=out)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"rlgates: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}",

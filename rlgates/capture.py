@@ -366,7 +366,11 @@ def load(path) -> Run:
         raise ValueError(f"{path}: no such file or directory")
     files = sorted(path.glob("step_*.npz")) if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"{path}: no capture files (step_*.npz) in this directory")
+        # a folder of runs (one capture per subdirectory): name them, so the fix is one word
+        runs = sorted(d.name for d in path.iterdir() if d.is_dir() and any(d.glob("step_*.npz")))
+        hint = (f"; it holds captures in {', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}"
+                if runs else "")
+        raise ValueError(f"{path}: no capture files (step_*.npz) in this directory{hint}")
     parts = [_read(f) for f in files]
     run = Run(settings=parts[0]["settings"])
     for table, prefix in ((run.tokens, "token/"), (run.micro, "micro/"),

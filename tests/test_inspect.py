@@ -100,6 +100,7 @@ def test_cli_exit_status_report_and_summary(captures, tmp_path, capsys):
     assert main([str(captures["micro"]), "--out", str(tmp_path / "bad"), "--steps", "1,3"]) == 1
     printed = capsys.readouterr().out
     assert "FINDING micro_normaliser" in printed and "chapter 17, entry 6" in printed
+    assert "read: " in printed and "chapter 21, entry 3" in printed
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
     assert summary["status"] == "findings" and summary["fired"] == ["micro_normaliser"]
     assert summary["diagnostics"]["clip_ratio/high_mean"]["trl"] == "clip_ratio/high_mean"
@@ -138,6 +139,9 @@ def test_cli_refuses_unreadable_input_in_one_line(captures, tmp_path, capsys):
     np.savez(newer / src.name, **dict(data, schema_version=np.asarray(SCHEMA_VERSION + 1)))
     _one_line(capsys, [str(newer)], "newer than this rlgates reads")
     _one_line(capsys, [str(tmp_path / "missing")], "no such file")
+    # a folder of captures names them (the capture fixture's folder holds three)
+    _one_line(capsys, [str(Path(captures["step"]).parent)],
+              r"no capture files .*; it holds captures in micro, sampled, step$")
     # a capture file whose arrays are missing: one line too, not a traceback
     hollow = tmp_path / "hollow"
     hollow.mkdir()
@@ -147,7 +151,7 @@ def test_cli_refuses_unreadable_input_in_one_line(captures, tmp_path, capsys):
     _one_line(capsys, [str(captures["step"]), "--steps", "99"], r"not in the capture")
 
 
-def test_module_entry_points():
+def test_module_entry_points(capsys):
     """python -m rlgates inspect --help (one process: the rest runs main() in this one)."""
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-m", "rlgates", "inspect", "--help"], env=env,
@@ -155,7 +159,13 @@ def test_module_entry_points():
     assert out.returncode == 0 and "Exit status: 0 no finding, 1" in " ".join(out.stdout.split())
     from rlgates.__main__ import main as top
 
-    assert top(["nonsense"]) == 2 and top([]) == 2 and top(["--help"]) == 0
+    assert top(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err
+    assert top([]) == 2  # no command: the usage, on stderr
+    printed = capsys.readouterr()
+    assert printed.out == "" and "usage: python -m rlgates COMMAND" in printed.err
+    assert top(["--help"]) == 0  # asked for: on stdout
+    printed = capsys.readouterr()
+    assert printed.err == "" and "usage: python -m rlgates COMMAND" in printed.out
 
 
 def test_healthy_ranges_are_the_atlas_asserts():
@@ -168,3 +178,46 @@ def test_healthy_ranges_are_the_atlas_asserts():
     assert f"kl_bound = {detectors.HEALTHY['approx_kl'][1]}" in text
     assert detectors.HEALTHY["ppo_kl"][1] == detectors.HEALTHY["approx_kl"][1]
     assert 'float(run_mean(base, "approx_kl").mean()) < kl_bound' in text
+
+
+def test_each_finding_names_sections_that_exist():
+    """Every section a finding sends the reader to is a heading of that chapter, word for word,
+    and every detector with a Troubleshooting entry names it."""
+    for name, refs in detectors.READ.items():
+        assert name in detectors.DETECTORS and refs
+        for chapter, heading in refs:
+            text = (ROOT / "chapters" / f"{chapter}.md").read_text()
+            assert re.search(rf"^#+ {re.escape(heading)}$", text, re.M), (name, heading)
+        assert detectors.ATLAS[name].startswith("chapter ")
+    assert set(detectors.READ) == set(detectors.DETECTORS)
+    assert detectors.reference("21_troubleshooting", "9. Length bias") == \
+        "chapter 21, entry 9: Length bias"
+    assert detectors.reference("14_real_trainers", "Background") == "chapter 14, Background"
+    # the page names the detector in each entry a detector covers
+    page = (ROOT / "chapters/21_troubleshooting.md").read_text()
+    for name, refs in detectors.READ.items():
+        for chapter, heading in refs:
+            if chapter == "21_troubleshooting":
+                entry = page.split(f"## {heading}")[1].split("\n## ")[0]
+                assert f"`{name}`" in entry, (name, heading)
+
+
+def test_report_marks_ranges_and_counts_gates_of_live_tokens(tmp_path):
+    """A mean outside the atlas's healthy range is marked, a healthy one is not; the plane's
+    shut-gate share counts tokens with A ≠ 0 (a token with A = 0 has no signal to shut)."""
+    from rlgates.inspect import report
+
+    small = dict(steps=4, rows=16, length=12)
+    pages = {}
+    for name, sd in (("calm", 0.02), ("wild", 0.5)):
+        res = inspect_run(synthetic.write(tmp_path / name, log_ratio_sd=sd, **small))
+        pages[name] = report.html(res.run, res.numbers, res.findings, steps=[1])
+    assert "(outside)" not in pages["calm"] and 'class="out"' not in pages["calm"]
+    assert re.search(r'class="out">[0-9.]+ \(outside\)', pages["wild"])
+    run = load(tmp_path / "calm")
+    at = run.tokens["step"] == 1
+    _, alt = report.plane_figure(run, 1)
+    assert "A = 0" not in alt and "of the drawn tokens with A ≠ 0 have a shut gate" in alt
+    run.tokens["advantage"][at] = 0.0  # every token of step 1 without signal
+    _, alt = report.plane_figure(run, 1)
+    assert "no drawn token has A ≠ 0" in alt and f"{int(at.sum())} have A = 0" in alt

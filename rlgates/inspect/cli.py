@@ -17,17 +17,21 @@ import time
 from pathlib import Path
 
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
-#: A capture with more tokens than this (or run on a terminal) gets a progress bar on stderr
+#: A capture with more tokens than this gets a progress bar on stderr (with --progress auto)
 PROGRESS_TOKENS = 200_000
 
 
 def parser():
     p = argparse.ArgumentParser(
         prog="python -m rlgates inspect",
-        description="Inspect a capture of a training run (rlgates.capture): every atlas "
-        "diagnostic under the trainer's names, the failure modes the book's atlas explains, "
+        description="Inspect a capture of a training run (rlgates.capture): every atlas\n"
+        "diagnostic under the trainer's names, the failure modes the book's atlas explains,\n"
         "and an offline HTML report with a JSON summary.",
-        epilog="Exit status: 0 no finding, 1 at least one finding, 2 the input could not be "
+        epilog="Each finding names the book's sections that explain it: the atlas (chapter 17)\n"
+        "and the Troubleshooting page (chapter 21). Under TRL's default num_iterations=1,\n"
+        "expect rho_one: not a fault, but such a capture cannot show how far a step moves\n"
+        "the policy.\n\n"
+        "Exit status: 0 no finding, 1 at least one finding, 2 the input could not be\n"
         "inspected (one line on stderr says why).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a capture directory (step_*.npz files) or one step file")
@@ -113,7 +117,7 @@ def _inspect(args) -> int:
     fired = [f for f in findings if f.fired]
     if not args.quiet or fired:
         for f in fired:
-            print(f"FINDING {f.name}: {f.message} [{f.atlas}]")
+            print(f"FINDING {f.name}: {f.message}\n  read: {f.atlas}")
         if not fired:
             print(f"healthy: no detector fired ({len(numbers['step'])} steps, "
                   f"{n_tokens:,} tokens)")

@@ -45,16 +45,43 @@ LENGTH_T = 2.5
 #: residual, and the step's constant fits 10× worse and above FIT_BAD
 FIT_GOOD, FIT_BAD = 1e-4, 1e-3
 
-ATLAS = {
-    "rho_one": "chapter 14, Background: one optimiser step per batch, so ρ ≡ 1",
-    "micro_normaliser": "chapter 17, entry 6: micro-batch token mean against the global one",
-    "mismatch": "chapter 15, Sampler and trainer disagree on the same weights",
-    "entropy_collapse": "chapter 17, entry 1: entropy collapse",
-    "step_size": "chapter 17, A healthy run (the healthy ranges) and entry 1 (lr × 10)",
-    "stuck_groups": "chapter 17, entry 4: zero-advantage groups",
-    "negative_blowup": "chapter 17, entry 3: negative-advantage blow-up",
-    "length_drift": "chapter 17, entry 2: length blow-up",
+#: The book's sections that explain each failure: (chapter file, heading) pairs, the atlas's
+#: (or the chapter that treats it) first, then the Troubleshooting page's entry. Each heading is
+#: a heading of that chapter, word for word (tests/test_inspect.py checks it).
+READ = {
+    "rho_one": (("14_real_trainers", "Background"),
+                ("21_troubleshooting", "1. The clip ratio is always 0")),
+    "micro_normaliser": (("17_diagnostics_atlas",
+                          "6. Micro-batch token mean against the global token mean"),
+                         ("21_troubleshooting", "3. Gradient accumulation changes the results")),
+    "mismatch": (("15_off_policy", "Sampler and trainer disagree on the same weights"),
+                 ("21_troubleshooting",
+                  "6. The importance ratio explodes under engine mismatch")),
+    "entropy_collapse": (("17_diagnostics_atlas", "1. Entropy collapse"),
+                         ("21_troubleshooting", "8. Entropy collapse, or a step that is too "
+                          "large?")),
+    "step_size": (("17_diagnostics_atlas", "A healthy run"),
+                  ("21_troubleshooting", "8. Entropy collapse, or a step that is too large?")),
+    "stuck_groups": (("17_diagnostics_atlas", "4. Zero-advantage groups"),
+                     ("21_troubleshooting", "2. The loss is 0, yet the model trains")),
+    "negative_blowup": (("17_diagnostics_atlas", "3. Negative-advantage blow-up"),),
+    "length_drift": (("17_diagnostics_atlas", "2. Length blow-up"),
+                     ("21_troubleshooting", "9. Length bias")),
 }
+
+
+def reference(chapter: str, heading: str) -> str:
+    """'chapter 17, entry 1: Entropy collapse' for a numbered entry, else 'chapter 14,
+    Background'."""
+    number = chapter.split("_")[0]
+    entry, _, title = heading.partition(". ")
+    if entry.isdigit() and title:
+        return f"chapter {int(number)}, entry {entry}: {title}"
+    return f"chapter {int(number)}, {heading}"
+
+
+#: What each finding points the reader to, as one line ('; ' between the sections)
+ATLAS = {name: "; ".join(reference(*r) for r in refs) for name, refs in READ.items()}
 
 
 @dataclass
@@ -104,8 +131,10 @@ def rho_one(x, settings):
     if every:
         msg = (f"ρ = 1 exactly on every captured token of all {len(x['step'])} steps: one "
                f"optimiser step per batch (num_iterations = {n}), so every gate is open and "
-               "the clip fraction is always 0. Reuse each batch (num_iterations ≥ 2) to "
-               "see a gate act.")
+               "the clip fraction is 0 by construction. Not a fault in itself (it is TRL's "
+               "default), but the clip never acts and this capture cannot show how far a step "
+               "moves the policy (step_size is not checked). Reuse each batch "
+               "(num_iterations ≥ 2) if you want the clip to act.")
     else:
         msg = f"ρ ≠ 1 on {int(_moved(x).sum())} of {len(x['step'])} steps"
     return _finding("rho_one", every, msg, steps_rho_one=int((x["rho_is_one"] == 1).sum()))
@@ -197,10 +226,14 @@ def entropy_collapse(x, settings):
     last, first, is_low, from_start = low
     fired = is_low and (from_start or not _too_big(x))
     if fired:
-        msg = (f"entropy {last:.3f} nats at the end (first step {first:.3f}) while the step "
-               f"size is healthy: the policy samples (nearly) one answer. Check the sampling "
-               f"temperature ({settings.get('temperature')}) and top_p; clip-higher or an "
-               "entropy bonus keep it up.")
+        seen = (f"entropy {last:.3f} nats at the end and {first:.3f} at the first step, low "
+                "before any update (its large per-step ratios come from its few unlikely "
+                "tokens; see step_size)" if _too_big(x) else
+                f"entropy {last:.3f} nats at the end (first step {first:.3f}) while the step "
+                "size is healthy")
+        msg = (f"{seen}: the policy samples (nearly) one answer. Check the sampling temperature "
+               f"({settings.get('temperature')}) and top_p; clip-higher or an entropy bonus "
+               "keep it up.")
     elif is_low:
         msg = (f"entropy fell to {last:.3f} nats, but the steps are too large too: read it "
                "as a step-size problem first (step_size)")

@@ -99,43 +99,63 @@ def plane_figure(run, step, seed=0):
     fig, ax = plt.subplots(figsize=(6, 4))
     lim = max(float(lr.abs().max()) * 1.1 if len(lr) else 0.0, figures.default_lim(method))
     figures.scatter_tokens(ax, adv, lr, method=method, gate=g, lim=lim)
-    shut = float((g == 0).float().mean()) if len(g) else 0.0
+    # a token with A = 0 carries no signal: it is drawn hollow on the A = 0 line, and the share
+    # of shut gates counts the others (as gate_zero does)
+    live = adv != 0
+    shut = float((g[live] == 0).float().mean()) if live.any() else 0.0
+    no_signal = int((~live).sum())
     drawn = f"{len(adv)} of {n}" if n > len(adv) else f"{n}"
     ax.set_title(f"step {step}: {drawn} tokens under {method.name}'s gate", fontsize=10)
     alt = (f"Scatter of {drawn} captured tokens of step {step} on the plane of advantage A "
            f"(horizontal) and log ratio (vertical), under {method.name}'s gate with its clip "
-           f"edges dashed; {100 * shut:.1f}% of the drawn tokens have a shut gate (hollow "
-           f"grey); largest abs(log ratio) {float(lr.abs().max()) if len(lr) else 0:.3f}.")
+           "edges dashed; "
+           + (f"{100 * shut:.1f}% of the drawn tokens with A ≠ 0 have a shut gate (hollow "
+              "grey)" if live.any() else "no drawn token has A ≠ 0")
+           + (f", and {no_signal} have A = 0 (hollow, on the vertical axis)" if no_signal
+              else "")
+           + f"; largest abs(log ratio) {float(lr.abs().max()) if len(lr) else 0:.3f}.")
     return _png(fig), alt
+
+
+#: The series figure's panels: (key, y label); the first four are gate diagnostics
+SERIES = (("clipfrac_pos", "clip fraction, A > 0"), ("clipfrac_neg", "clip fraction, A < 0"),
+          ("approx_kl", "k3 KL estimate"), ("log_ratio_absmax", "largest abs(log ρ)"),
+          ("entropy", "mean entropy (nats)"), ("length", "mean length (tokens)"))
 
 
 def series_figure(numbers):
     """(PNG bytes, alt text): the diagnostics with a healthy range over the steps, the range
-    shaded, beside entropy and mean length."""
+    shaded, beside entropy and mean length. The gate diagnostics are drawn on the steps where
+    ρ ≠ 1 only: on a first pass over a batch they are 0 by construction."""
     import matplotlib.pyplot as plt
 
-    keys = ("clipfrac_pos", "clipfrac_neg", "approx_kl", "log_ratio_absmax", "entropy",
-            "length")
     fig, axes = plt.subplots(2, 3, figsize=(10, 5.2), constrained_layout=True)
-    steps = numbers["step"]
-    for ax, k in zip(axes.flat, keys, strict=True):
-        ax.plot(steps, numbers[k], marker="o", ms=3, color="C0", label=k)
+    steps = np.asarray(numbers["step"])
+    moved = np.asarray(numbers["rho_is_one"]) == 0
+    for ax, (k, label) in zip(axes.flat, SERIES, strict=True):
+        gated = k in HEALTHY
+        at = moved if gated and moved.any() else np.ones_like(moved)
+        legend = ("every step" if not gated else "steps with ρ ≠ 1" if moved.any() else
+                  "every step (ρ ≡ 1: 0 by construction)")
+        ax.plot(steps[at], np.asarray(numbers[k])[at], marker="o", ms=3, color="C0",
+                label=legend)
         if k in HEALTHY:
             lo, hi = HEALTHY[k]
             ax.axhspan(lo, hi, color="C2", alpha=0.15, lw=0, label="atlas's healthy range")
         ax.set_xlabel("step")
-        ax.set_ylabel(k)
+        ax.set_ylabel(label)
         ax.legend(fontsize=7, loc="best")
     alt = ("Six line charts over the training steps: clip fraction of A > 0 tokens, clip "
-           "fraction of A < 0 tokens, k3 KL estimate and largest abs(log ratio), each with "
-           "the atlas's healthy range shaded green, then mean entropy and mean response length.")
+           "fraction of A < 0 tokens, k3 KL estimate and largest abs(log ratio), drawn on the "
+           "steps where the ratio is not 1, each with the atlas's healthy range shaded green, "
+           "then mean entropy and mean response length on every step.")
     return _png(fig), alt
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:1rem auto;padding:0 1rem;
 color:#222}table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}
-.fired{background:#fde0dc}.quiet{background:#e6f4ea}.unchecked{background:#eee}
+.fired,.out{background:#fde0dc}.quiet{background:#e6f4ea}.unchecked{background:#eee}
 img{max-width:100%;height:auto}code{background:#f3f3f3}.wide{overflow-x:auto}
 figure{margin:1rem 0}"""
 
@@ -171,13 +191,21 @@ def html(run, numbers, findings, steps=None, source="") -> str:
     moved = numbers["rho_is_one"] == 0
     for k, d in summary["diagnostics"].items():
         vals = np.array([np.nan if v is None else v for v in d["per_step"]], dtype=float)
-        pick = vals[moved] if moved.any() and k in ATLAS_KEYS else vals
-        med = np.nanmean(pick) if np.isfinite(pick).any() else np.nan
-        rng = "" if d["healthy"] is None else f"{d['healthy'][0]} to {d['healthy'][1]}"
+        gated = k in ATLAS_KEYS and k != "entropy"  # the entropy means something at ρ = 1
+        pick = vals[moved] if moved.any() and gated else vals
+        mean = np.nanmean(pick) if np.isfinite(pick).any() else np.nan
+        last = pick[-1] if len(pick) else np.nan
+        rng, out = "", False
+        if d["healthy"] is not None:
+            lo, hi = d["healthy"]
+            rng = f"{lo} to {hi}"
+            out = bool(np.isfinite(mean) and not lo <= mean <= hi)
+        mark = ' class="out"' if out else ""
         diag.append(f"<tr><td><code>{e(k)}</code></td><td>{e(d['verl'] or '—')}</td>"
                     f"<td>{e(d['trl'] or '—')}</td><td>{rng}</td>"
-                    f"<td>{'—' if not np.isfinite(med) else f'{med:.4g}'}</td>"
-                    f"<td>{'—' if not np.isfinite(vals[-1]) else f'{vals[-1]:.4g}'}</td></tr>")
+                    f"<td{mark}>{'—' if not np.isfinite(mean) else f'{mean:.4g}'}"
+                    f"{' (outside)' if out else ''}</td>"
+                    f"<td>{'—' if not np.isfinite(last) else f'{last:.4g}'}</td></tr>")
     figs = [_img(*series_figure(numbers))]
     figs += [_img(*plane_figure(run, s)) for s in steps]
     note = f"<p>{e(gate['note'])}</p>" if gate["note"] else ""
@@ -190,15 +218,21 @@ def html(run, numbers, findings, steps=None, source="") -> str:
 <code>{e(gate['method'])}</code> {e(json.dumps(gate['hparams']))}, aggregation
 <code>{e(gate['aggregation'])}</code>.</p>{note}
 <h2>Findings</h2>
+<p>FIRED: the detector found its fault. quiet: it checked and found none. not checked: the
+capture lacks what it needs (the line says what). The last column names the book's section
+that explains the fault and how to tell it from its look-alikes.</p>
 <div class="wide"><table><tr><th>detector</th><th>verdict</th><th>what it saw</th>
 <th>read</th></tr>
 {''.join(rows)}</table></div>
 <h2>Diagnostics</h2>
-<p>Mean over the steps where ρ ≠ 1 (the gate diagnostics) or over all steps, as the
-detectors read them, and the last step's value; the healthy range is the atlas's (chapter
-17).</p>
+<p>The gate diagnostics (the clip fractions, KL estimates, largest abs(log ρ) and gate
+shares) are read on the steps where ρ ≠ 1: on the first pass over a batch ρ = 1 and they are 0
+by construction. The mean is over
+those steps (the others: over all steps), as the detectors read them; the last column is the
+last of those steps. The healthy range is the one chapter 17 measures on its healthy run; a
+mean outside it is marked.</p>
 <div class="wide"><table><tr><th>rlgates key</th><th>verl</th><th>TRL</th><th>healthy</th>
-<th>mean</th><th>last step</th></tr>{''.join(diag)}</table></div>
+<th>mean</th><th>last</th></tr>{''.join(diag)}</table></div>
 <h2>Figures</h2>
 {''.join(f'<figure>{x}</figure>' for x in figs)}
 <h2>Settings</h2><div class="wide"><table>{settings}</table></div>

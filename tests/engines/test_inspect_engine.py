@@ -19,6 +19,7 @@ import pytest
 
 from rlgates.inspect import DETECTORS, inspect_run
 from rlgates.inspect.cli import main
+from rlgates.inspect.detectors import STEP_SIZE_KL
 
 pytestmark = pytest.mark.engine
 
@@ -97,6 +98,11 @@ def test_collapse_and_step_size_are_told_apart(matrix):
     assert low["entropy_collapse"].evidence["entropy_first"] < 0.3  # low before any update
     assert big["entropy_collapse"].evidence["entropy_first"] > 1.5
     assert big["step_size"].evidence["mean_approx_kl"] > 0.02
+    # the Troubleshooting page's entry 8: the per-update numbers alone would call the low
+    # temperature a step-size problem too; the entropy at the first step tells them apart
+    assert low["step_size"].evidence["mean_approx_kl"] > STEP_SIZE_KL
+    assert not low["step_size"].fired and low["entropy_collapse"].fired
+    assert "low before any update" in low["entropy_collapse"].message
 
 
 def test_command_on_real_dumps(dumps, tmp_path, capsys):
