@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 COMMANDS = {"inspect": "inspect a capture of a training run (python -m rlgates inspect --help)"}
@@ -28,5 +29,17 @@ def main(argv=None) -> int:
     return inspect_main(argv[1:])
 
 
+def run() -> int:
+    """main(), with a reader that stops reading (`... | head`) ending the command quietly, with
+    the status a shell gives a process that SIGPIPE ends (128 + 13)."""
+    try:
+        status = main()
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -6,6 +6,7 @@ The detectors on real TRL runs with one fault each: tests/engines/test_inspect_e
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -157,6 +158,14 @@ def test_module_entry_points(capsys):
     out = subprocess.run([sys.executable, "-m", "rlgates", "inspect", "--help"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Exit status: 0 no finding, 1" in " ".join(out.stdout.split())
+    # a reader that stops reading (`| head`): a quiet end with SIGPIPE's shell status, no
+    # traceback (negative control: the same output read to the end gives 0 above)
+    read, write = os.pipe()
+    os.close(read)
+    cut = subprocess.run([sys.executable, "-m", "rlgates", "inspect", "--help"], env=env,
+                         stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert (cut.returncode, cut.stderr) == (141, ""), cut.stderr
     from rlgates.__main__ import main as top
 
     assert top(["nonsense"]) == 2 and "unknown command" in capsys.readouterr().err

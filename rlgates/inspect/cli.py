@@ -79,6 +79,8 @@ def main(argv=None) -> int:
         return int(e.code or 0)
     try:
         return _inspect(args)
+    except BrokenPipeError:
+        raise  # the reader closed our output: python -m rlgates ends quietly (rlgates.__main__)
     except Exception as e:  # noqa: BLE001 - one clear line, never a traceback
         if os.environ.get("RLGATES_DEBUG"):
             raise
