@@ -186,3 +186,18 @@ def test_code_fits_the_page(nb_path):
         long += [f"cell {i}: {len(line)} columns" for line in "".join(cell["source"]).splitlines()
                  if len(line) > 80]
     assert long == []
+
+
+def test_references_list_the_troubleshooting_reports():
+    """references.md names the same public reports as the Troubleshooting page, in the same
+    order (repositories and numbers), so that a credit fixed on one page is fixed on both."""
+    import re
+
+    def reports(text, heading):
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        return re.findall(r"[\w.-]+/[\w.-]+|#\d+", section)
+
+    page = reports((ROOT / "chapters" / "21_troubleshooting.md").read_text(), "## Reports")
+    refs = reports((ROOT / "references.md").read_text(), "## Troubleshooting: public reports")
+    assert len(page) > 30 and "verl-project/verl" in page
+    assert [x for x in refs if x != "chapters/21_troubleshooting"] == page
