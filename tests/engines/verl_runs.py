@@ -597,9 +597,21 @@ def start_ray_check(model_dir):
         return out
 
     t0 = time.perf_counter()
-    # a local cluster on the loopback; its worker inherits this process's PYTHONPATH
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=80 * 1024**2, log_to_driver=False)
+    # a local cluster on the loopback; its worker inherits this process's PYTHONPATH. Ray's
+    # driver gives its node 30 s to register, and the node first waits for its agent process:
+    # on two busy cores (the browser tests run beside this step) that can take longer, so a
+    # start that times out is tried again, up to three times in all
+    for attempt in range(1, 4):
+        try:
+            ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=80 * 1024**2, log_to_driver=False)
+            break
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception here
+            if "timed out during startup" not in str(e) or attempt == 3:
+                raise
+            print(f"ray.init attempt {attempt} timed out; trying again", file=sys.stderr)
+            ray.shutdown()
+            time.sleep(2)
     ref = in_worker.remote(model_dir)
 
     def wait():
