@@ -31,6 +31,7 @@ def _run(cmd, script, out, extra_env):
 
 def one_and_two_processes(script: Path, out: Path, extra_env: dict | None = None) -> dict:
     """Run `script OUT` in one process, then under torchrun in two; return OUT's JSON."""
+    out.parent.mkdir(parents=True, exist_ok=True)  # whichever engine script runs first
     out.unlink(missing_ok=True)
     _run([sys.executable], script, out, extra_env or {})
     with socket.socket() as s:  # a free port for the rendezvous (torchrun's 0 can hang)
