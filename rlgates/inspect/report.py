@@ -157,7 +157,10 @@ color:#222}table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}
 td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:left}
 .fired,.out{background:#fde0dc}.quiet{background:#e6f4ea}.unchecked{background:#eee}
 img{max-width:100%;height:auto}code{background:#f3f3f3}.wide{overflow-x:auto}
-figure{margin:1rem 0}"""
+figure{margin:1rem 0}h1{overflow-wrap:anywhere}
+@media (max-width:600px){.findings tr:first-child{display:none}
+.findings td{display:block;border:0;padding:.1rem .5rem}
+.findings tr{display:block;border:1px solid #ccc;margin:.4rem 0}}"""
 
 
 def _img(png, alt):
@@ -221,7 +224,7 @@ def html(run, numbers, findings, steps=None, source="") -> str:
 <p>FIRED: the detector found its fault. quiet: it checked and found none. not checked: the
 capture lacks what it needs (the line says what). The last column names the book's section
 that explains the fault and how to tell it from its look-alikes.</p>
-<div class="wide"><table><tr><th>detector</th><th>verdict</th><th>what it saw</th>
+<div class="wide"><table class="findings"><tr><th>detector</th><th>verdict</th><th>what it saw</th>
 <th>read</th></tr>
 {''.join(rows)}</table></div>
 <h2>Diagnostics</h2>

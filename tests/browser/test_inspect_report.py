@@ -21,6 +21,9 @@ IMAGES = """() => [...document.images].map(i => ({
   ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim(),
   src: i.getAttribute('src').slice(0, 30)}))"""
 WIDE = "() => document.documentElement.scrollWidth - innerWidth"
+#: how far the findings table sticks out of its box (which would scroll it sideways)
+FINDINGS = """() => { const t = document.querySelector('table.findings');
+  return t.getBoundingClientRect().width - t.parentElement.clientWidth; }"""
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,7 @@ def look(browser, url, width, shot=None):
     problems: list[str] = []
     page = Tab(ctx, problems).open(url, url)
     got = {"images": page.evaluate(IMAGES), "wide": page.evaluate(WIDE),
+           "findings": page.evaluate(FINDINGS),
            "problems": problems, "blocked": list(ctx.blocked)}
     if shot:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -62,6 +66,8 @@ def test_report_offline_and_accessible(browser, reports, name, width):
     for img in got["images"]:
         assert img["ok"] and len(img["alt"]) > 40 and img["src"].startswith("data:image/png")
     assert got["wide"] <= 1, f"{name} at {width}: {got['wide']}px wider than the screen"
+    # the findings read without sideways scrolling: on a phone each row is a stacked card
+    assert got["findings"] <= 1, f"{name} at {width}: findings {got['findings']}px too wide"
     assert (SCREENSHOTS / f"inspect-{name}-{width}.png").stat().st_size > 10_000
 
 
