@@ -104,18 +104,15 @@ def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
 
 def _bool_mask(mask):
     """A 0/1 float or int mask as bool. Its values are all 0 or 1 exactly when every non-zero
-    is 1: the non-zeros (NaN, 0.5, 2, a subnormal are non-zeros; -0.0 counts as 0) filled with
-    1 elsewhere have min = max = 1. `mask.bool()` is the cheapest pass that makes the bool mask
-    (needed anyway), so the check costs one `where` and one reduction: no temporary of the
-    mask's own width stays alive (a trainer's float mask is checked on every loss call)."""
+    is 1: as many entries equal 1 as are non-zero (NaN, 0.5, 2, a subnormal are non-zeros that
+    are not 1; -0.0 counts as 0). `mask.bool()` makes the bool mask (needed anyway); the check
+    adds one comparison and two counts, several times cheaper on the CPU than a `where` (a
+    trainer's float mask is checked on every loss call)."""
     nonzero = mask.bool()
     if mask.numel() == 0:
         return nonzero
-    if mask.is_floating_point():
-        low, high = torch.aminmax(torch.where(nonzero, mask, 1))
-        valid = bool((low == 1) & (high == 1))  # NaN compares False
-    elif mask.is_complex():
-        valid = int(torch.count_nonzero(mask)) == int(torch.count_nonzero(mask == 1))
+    if mask.is_floating_point() or mask.is_complex():
+        valid = int(torch.count_nonzero(nonzero)) == int(torch.count_nonzero(mask == 1))
     else:  # integers: 0 and 1 are exactly the values in [0, 1]
         low, high = torch.aminmax(mask)
         valid = bool((low >= 0) & (high <= 1))
@@ -228,6 +225,10 @@ def aggregate(values, mask, agg):
     return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
 
 
+def _sum(x, dim):
+    return x.sum() if dim is None else x.sum(dim)
+
+
 class _MaskedSum(torch.autograd.Function):
     """Σ of `values` over the real tokens (all of them, or each row's with dim=-1); padding,
     even NaN or ±inf, adds nothing and gets zero gradient. Its backward is the mask times the
@@ -238,8 +239,15 @@ class _MaskedSum(torch.autograd.Function):
     def forward(ctx, values, mask, dim):
         ctx.save_for_backward(mask)
         ctx.shape, ctx.dim = values.shape, dim
-        masked = torch.where(mask, values, 0.0)
-        return masked.sum() if dim is None else masked.sum(dim)
+        if values.device.type == "cpu":
+            # on the CPU a product is several times faster than `where`: values times the 0/1
+            # mask give the same sum, bit for bit, whenever it is finite and not 0 (v·1 = v,
+            # v·0 = ±0, and a zero's sign cannot change a non-zero sum). A NaN or ±inf anywhere
+            # makes it non-finite, a 0 could carry the other sign: then `where` decides
+            out = _sum(values * mask.view(torch.uint8).to(values.dtype), dim)
+            if bool((torch.isfinite(out) & (out != 0)).all()):
+                return out
+        return _sum(torch.where(mask, values, 0.0), dim)
 
     @staticmethod
     def backward(ctx, grad):

@@ -54,3 +54,34 @@ def test_norm_mode_is_accepted_and_unknown_modes_are_not():
     with pytest.raises(ValueError, match="agg"):
         rlgates.get("cispo").loss(logp, logp_old, adv, mask, "seq-sum")
 
+
+
+def test_masked_sum_product_path_is_the_where_path_bit_for_bit():
+    """On the CPU the masked sum multiplies by the 0/1 mask and falls back to `where` when the
+    sum is not finite or is 0: the result equals where(mask, v, 0).sum(), sign of zero included,
+    with NaN or -0.0 in the padding, empty rows and negative values (both dims)."""
+    from rlgates import _numerics as nx
+
+    gen = torch.Generator().manual_seed(0)
+    fallbacks = 0
+    for trial in range(120):
+        B, T = (int(x) for x in torch.randint(1, 7, (2,), generator=gen))
+        v = torch.randn(B, T, generator=gen, dtype=torch.float64 if trial % 3 else torch.float32)
+        mask = torch.rand(B, T, generator=gen) < float(torch.rand((), generator=gen))
+        if trial % 4 == 0:
+            v[~mask] = float("nan")
+        if trial % 5 == 0:
+            v[~mask] = -0.0
+        if trial % 7 == 0:
+            v = -v.abs()
+        for dim in (None, -1):
+            want = torch.where(mask, v, 0.0)
+            want = want.sum() if dim is None else want.sum(dim)
+            got = nx._MaskedSum.apply(v, mask, dim)
+            assert torch.equal(torch.signbit(got), torch.signbit(want))
+            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+            product = v * mask.to(v.dtype)
+            product = product.sum() if dim is None else product.sum(dim)
+            fallbacks += not torch.equal(product.nan_to_num(7.0), want.nan_to_num(7.0)) or \
+                not torch.equal(torch.signbit(product), torch.signbit(want))
+    assert fallbacks > 10  # the plain product differs (NaN, a zero's sign): the fallback acts

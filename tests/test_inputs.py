@@ -245,8 +245,11 @@ def _good_mask():
     (lambda mk: mk * 0.5, "mask must be bool or hold only 0 and 1"),
     (lambda mk: mk * 2.0, "mask must be bool or hold only 0 and 1"),
     (lambda mk: torch.where(mk.bool(), mk, torch.nan), "mask must be bool or hold only 0 and 1"),
+    (lambda mk: torch.where(mk.bool(), mk, 1e-40), "mask must be bool or hold only 0 and 1"),
+    (lambda mk: mk * (1 - 2**-24), "mask must be bool or hold only 0 and 1"),
+    (lambda mk: mk - 2 * (1 - mk), "mask must be bool or hold only 0 and 1"),
     (lambda mk: mk[:, :2], r"mask must have shape \((2, )?3, 4\), got \((2, )?3, 2\)"),
-], ids=["half", "two", "nan", "shape"])
+], ids=["half", "two", "nan", "subnormal", "just_below_one", "minus_two", "shape"])
 def test_every_mask_taker_refuses_a_bad_mask_with_the_same_error(caller, bad, match):
     if caller == "aggregation_weight" and match.startswith("mask must have"):
         pytest.skip("aggregation_weight takes the mask alone: its shape is the shape")
@@ -281,3 +284,13 @@ def test_ragged_mask_is_the_first_lengths_tokens():
     for bad in ([-1, 2], [2, 6], [[1, 2]], [1.0, 2.0]):
         with pytest.raises(ValueError, match="lengths"):
             rlgates.ragged_mask(bad, 5)
+
+
+def test_a_float_mask_with_negative_zeros_is_the_bool_mask():
+    """-0.0 is 0: a float mask written with -0.0 for padding is accepted as its bool mask."""
+    from rlgates import _numerics as nx
+
+    mk = _good_mask()
+    signed = torch.where(mk.bool(), mk, -0.0)
+    assert torch.signbit(signed).any()
+    assert torch.equal(nx.check_mask(signed, signed.shape), mk.bool())
