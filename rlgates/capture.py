@@ -150,11 +150,25 @@ class _StepBuffer:
             merged = {k: v[keep] for k, v in merged.items()}
         self.keys, self.tokens = keys, merged
 
-    def add_sequences(self, lengths, seq_adv, prompts, micro):
-        """One micro-batch's responses: their lengths, mean advantages and prompt keys."""
-        B = len(lengths)
+    def add_micro_batch(self, per_token, select, loss, num_items, prompts):
+        """One micro-batch, as the TRL and the verl capture both record it. per_token:
+        {field: [B, T]} with the loss's "mask" and the "advantage"; its tokens where `select`
+        is True go into the reservoir; its loss, counts and `num_items` (the trainer's
+        normaliser, NaN if none) into the micro-batch table; each response's length, mean
+        advantage and prompt key (`prompts`, one per row) into the sequence table."""
+        micro = len(self.micro["loss"])
+        rows, positions = select.nonzero(as_tuple=True)
+        new = {k: v[rows, positions] for k, v in per_token.items()}
+        new.update(micro=torch.full_like(rows, micro), row=rows, position=positions)
+        self.add_tokens(new)
+        mask, adv = per_token["mask"], per_token["advantage"]
+        B, T = mask.shape
+        lengths = mask.sum(-1)
+        for k, v in (("loss", float(loss.detach().float())), ("tokens", int(lengths.sum())),
+                     ("rows", B), ("length", T), ("num_items_in_batch", num_items)):
+            self.micro[k].append(v)
         self.sequences["length"] += lengths.tolist()
-        self.sequences["advantage"] += seq_adv.tolist()
+        self.sequences["advantage"] += ((adv * mask).sum(-1) / lengths.clamp(min=1)).tolist()
         self.sequences["prompt"] += list(prompts)
         self.sequences["micro"] += [micro] * B
         self.sequences["row"] += list(range(B))
@@ -191,21 +205,68 @@ def _float(x):
     return float("nan") if x is None else float(torch.as_tensor(x).float().sum())
 
 
-class Capture:
+class _Recorder:
+    """What the TRL and the verl capture share: the settings, one step's buffer at a time, the
+    files written, and the handle (`close`, `with`). A subclass hooks its trainer, records
+    through `_buffer(step).add_micro_batch`, and gives `_restore` and `nothing` (the warning
+    when no step was written)."""
+
+    nothing = "the capture recorded nothing"
+
+    def _start(self, path, tokens_per_step, seed, rank, settings):
+        if tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be ≥ 1, not {tokens_per_step}")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.tokens_per_step = int(tokens_per_step)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.rank = rank
+        self.settings = dict(settings, tokens_per_step=self.tokens_per_step, capture_seed=seed)
+        self.files, self.buffer, self.closed = [], None, False
+
+    def _buffer(self, step) -> _StepBuffer:
+        """The buffer of optimiser step `step` (a new one after the last was written)."""
+        if self.buffer is None:
+            self.buffer = _StepBuffer(step, self.tokens_per_step, self.generator)
+        return self.buffer
+
+    def _write(self):
+        buf, self.buffer = self.buffer, None
+        self.files.append(buf.write(self.path, self.rank, self.settings))
+
+    def _restore(self):
+        raise NotImplementedError
+
+    def close(self):
+        """Write the last step and give the trainer back its own methods. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._restore()
+        if self.buffer is not None:
+            self._write()
+        if not self.files:
+            warnings.warn(self.nothing, stacklevel=2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Capture(_Recorder):
     """The handle `capture` returns: `close()` (or leaving the `with` block) writes the last
     step and restores the trainer's own methods."""
 
+    nothing = "capture recorded nothing: the trainer's compute_loss never called _compute_loss " \
+              "in training"
+
     def __init__(self, trainer, path, tokens_per_step=4096, seed=0):
-        if tokens_per_step < 1:
-            raise ValueError(f"tokens_per_step must be ≥ 1, not {tokens_per_step}")
-        self.trainer, self.path = trainer, Path(path)
-        self.tokens_per_step = int(tokens_per_step)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.rank = trainer.accelerator.process_index
-        self.settings = dict(trainer_settings(trainer), tokens_per_step=self.tokens_per_step,
-                             capture_seed=seed)
-        self.files, self.buffer, self.closed = [], None, False
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.trainer = trainer
+        self._start(path, tokens_per_step, seed, trainer.accelerator.process_index,
+                    trainer_settings(trainer))
         self._own = trainer.__dict__.get("_compute_loss")  # an instance override, if any
         self._inner = trainer._compute_loss
         trainer._compute_loss = self._compute_loss
@@ -240,10 +301,6 @@ class Capture:
         step = int(self.trainer.state.global_step)
         if self.buffer is not None and self.buffer.step != step:
             self._write()
-        if self.buffer is None:
-            self.buffer = _StepBuffer(step, self.tokens_per_step, self.generator)
-        buf = self.buffer
-        micro = len(buf.micro["loss"])
         completion = inputs["completion_mask"].detach().cpu().bool()
         mask = completion
         if "tool_mask" in inputs:
@@ -258,50 +315,20 @@ class Capture:
         def optional(x):
             return nan if x is None else x.detach().float().cpu()
 
-        rows, positions = completion.nonzero(as_tuple=True)
         per_token = {"logp": logp, "logp_old": old, "advantage": adv,
                      "logp_sampler": optional(inputs.get("sampling_per_token_logps")),
                      "logp_ref": optional(inputs.get("ref_per_token_logps")),
                      "entropy": optional(seen.get("entropy")), "mask": mask}
-        new = {k: v[rows, positions] for k, v in per_token.items()}
-        new.update(micro=torch.full_like(rows, micro), row=rows, position=positions)
-        buf.add_tokens(new)
-
-        B, T = logp.shape
-        lengths = mask.sum(-1)
-        for k, v in (("loss", float(loss.detach().float())), ("tokens", int(lengths.sum())),
-                     ("rows", B), ("length", T),
-                     ("num_items_in_batch", _float(inputs.get("num_items_in_batch")))):
-            buf.micro[k].append(v)
-        seq_adv = (adv * mask).sum(-1) / lengths.clamp(min=1)
-        buf.add_sequences(lengths, seq_adv, _prompt_hashes(inputs), micro)
-
-    def _write(self):
-        buf, self.buffer = self.buffer, None
-        self.files.append(buf.write(self.path, self.rank, self.settings))
+        self._buffer(step).add_micro_batch(per_token, completion, loss,
+                                           _float(inputs.get("num_items_in_batch")),
+                                           _prompt_hashes(inputs))
 
     # -- the handle ----------------------------------------------------------------------------
-    def close(self):
-        """Write the last step and restore the trainer's `_compute_loss`. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+    def _restore(self):
         if self._own is None:
             del self.trainer._compute_loss
         else:
             self.trainer._compute_loss = self._own
-        if self.buffer is not None:
-            self._write()
-        if not self.files:
-            warnings.warn("capture recorded nothing: the trainer's compute_loss never called "
-                          "_compute_loss in training", stacklevel=2)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def capture(trainer, path, tokens_per_step=4096, seed=0) -> Capture:

@@ -37,14 +37,12 @@ order after its own rebalancing.
 
 from __future__ import annotations
 
-import warnings
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from .capture import _StepBuffer
+from .capture import _Recorder
 
 #: The actor-config fields a verl capture records (None where the installed verl lacks one)
 VERL_SETTINGS = ("loss_agg_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high",
@@ -69,31 +67,28 @@ def verl_settings(config) -> dict:
     return out
 
 
-class VerlCapture:
+class VerlCapture(_Recorder):
     """The handle `capture_verl` returns; `close()` writes the last step and restores the
     worker's loss and optimiser step."""
 
+    nothing = "capture_verl recorded nothing: the worker's loss was never called"
+
     def __init__(self, worker, config, path, tokens_per_step=4096, seed=0, loss_fn=None,
                  rank=None):
-        if tokens_per_step < 1:
-            raise ValueError(f"tokens_per_step must be ≥ 1, not {tokens_per_step}")
         from verl.workers.utils.losses import ppo_loss
 
-        self.worker, self.config, self.path = worker, config, Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.tokens_per_step = int(tokens_per_step)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.rank = (torch.distributed.get_rank() if rank is None and
-                     torch.distributed.is_initialized() else int(rank or 0))
-        self.settings = dict(verl_settings(config), tokens_per_step=self.tokens_per_step,
-                             capture_seed=seed)
+        self.worker, self.config = worker, config
+        self._start(path, tokens_per_step, seed,
+                    torch.distributed.get_rank() if rank is None and
+                    torch.distributed.is_initialized() else int(rank or 0),
+                    verl_settings(config))
         optimizer = getattr(worker.engine, "optimizer", None)
         if optimizer is not None and optimizer.param_groups:
             self.settings["learning_rate"] = float(optimizer.param_groups[0]["lr"])
         self.inner = loss_fn or (lambda model_output, data, dp_group=None:
                                  ppo_loss(config, model_output, data, dp_group))
         self.own_loss = getattr(worker, "loss_fn", None)
-        self.step, self.buffer, self.files, self.closed = 0, None, [], False
+        self.step = 0
         engine = worker.engine
         self._had_step = "optimizer_step" in engine.__dict__
         self._step_fn = engine.optimizer_step
@@ -118,10 +113,6 @@ class VerlCapture:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
-        if self.buffer is None:
-            self.buffer = _StepBuffer(self.step, self.tokens_per_step, self.generator)
-        buf = self.buffer
-        micro = len(buf.micro["loss"])
         logp = no_padding_2_padding(model_output["log_probs"], data).detach().float().cpu()
         ent = model_output.get("entropy", None)
         ent = None if ent is None else no_padding_2_padding(ent, data).detach().float().cpu()
@@ -142,33 +133,17 @@ class VerlCapture:
                      "logp_sampler": opt(d.get("rollout_log_probs", None)),
                      "logp_ref": opt(d.get("ref_log_prob", None)),
                      "entropy": nan if ent is None else ent[:, :T], "mask": mask}
-        rows, pos = mask.nonzero(as_tuple=True)
-        new = {k: v[rows, pos] for k, v in per_token.items()}
-        new.update(micro=torch.full_like(rows, micro), row=rows, position=pos)
-        buf.add_tokens(new)
-        lengths = mask.sum(-1)
         total = tu.get_non_tensor_data(data=data, key="batch_num_tokens", default=None)
-        for k, v in (("loss", float(loss.detach().float())), ("tokens", int(lengths.sum())),
-                     ("rows", B), ("length", T),
-                     ("num_items_in_batch", float("nan") if total is None else float(total))):
-            buf.micro[k].append(v)
-        seq_adv = (adv * mask).sum(-1) / lengths.clamp(min=1)
         if "prompts" in d.keys():
             p = d["prompts"].detach().cpu().numpy().astype(np.int64)
             prompts = [zlib.crc32(r.tobytes()) for r in p]
         else:
             prompts = [0] * B
-        buf.add_sequences(lengths, seq_adv, prompts, micro)
+        self._buffer(self.step).add_micro_batch(
+            per_token, mask, loss, float("nan") if total is None else float(total), prompts)
 
-    def _write(self):
-        buf, self.buffer = self.buffer, None
-        self.files.append(buf.write(self.path, self.rank, self.settings))
-
-    def close(self):
-        """Write the last step, give the worker back its own loss and optimiser step."""
-        if self.closed:
-            return
-        self.closed = True
+    def _restore(self):
+        """The worker's own loss and optimiser step back."""
         engine = self.worker.engine
         if self._had_step:
             engine.optimizer_step = self._step_fn
@@ -176,18 +151,6 @@ class VerlCapture:
             del engine.optimizer_step
         if self.own_loss is not None:
             self.worker.set_loss_fn(self.own_loss)
-        if self.buffer is not None:
-            self._write()
-        if not self.files:
-            warnings.warn("capture_verl recorded nothing: the worker's loss was never called",
-                          stacklevel=2)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def capture_verl(worker, config, path, tokens_per_step=4096, seed=0, loss_fn=None):
