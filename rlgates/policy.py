@@ -270,8 +270,7 @@ class LabPolicy(nn.Module):
         if response.dim() == 2:
             self._single_run()
             return self.logits(prompt[None], response[None])[0]
-        return self._tempered(self._linear(self.features(prompt, response), self.w_head,
-                                           self.b_head))
+        return self._head(self._inputs(prompt, response))
 
     def _single_run(self):
         if self.runs != 1:
