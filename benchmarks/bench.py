@@ -91,8 +91,9 @@ def sync(device):
 def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     """Seconds per step of rlgates, the reference, and the reference given its mask already in
     the compute dtype ("ref0": it casts nothing; with a float mask it is the reference itself),
-    interleaved to share the noise. Returns {impl: (median, min, max, median CPU seconds)} and
-    {"wall": [...], "cpu": [...]}, the ratios rlgates / reference of each repeat's pair of steps.
+    interleaved to share the noise, in alternating order. Returns {impl: (median, min, max,
+    median CPU seconds)} and {"wall": [...], "cpu": [...]}, the ratios rlgates / reference of
+    each repeat's pair of steps.
     The CPU time (this process's, all threads) is steadier than the wall time on a shared
     machine."""
     inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
@@ -103,8 +104,11 @@ def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
     for fn, args in runs.values():  # warm up
         one_step(fn, *args)
     wall, cpu = {impl: [] for impl in runs}, {impl: [] for impl in runs}
-    for _ in range(reps):
-        for impl, (fn, args) in runs.items():
+    order = list(runs.items())
+    for rep in range(reps):
+        # each other repeat runs the reference first: a step inherits the allocator's state (the
+        # pages the step before it freed), so neither side always comes second
+        for impl, (fn, args) in (order if rep % 2 == 0 else order[::-1]):
             sync(device)
             start, start_cpu = time.perf_counter(), time.process_time()
             one_step(fn, *args)

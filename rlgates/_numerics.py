@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 #: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as verl does (TRL
 #: does not clamp; verl's GSPO clamps at +10 on one side only: see the trainer chapter).
@@ -103,22 +104,54 @@ def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
 
 
 def _bool_mask(mask):
-    """A 0/1 float or int mask as bool. Its values are all 0 or 1 exactly when every non-zero
-    is 1: as many entries equal 1 as are non-zero (NaN, 0.5, 2, a subnormal are non-zeros that
-    are not 1; -0.0 counts as 0). `mask.bool()` makes the bool mask (needed anyway); the check
-    adds one comparison and two counts, several times cheaper on the CPU than a `where` (a
-    trainer's float mask is checked on every loss call)."""
+    """A 0/1 float or int mask as bool; ValueError unless every value is 0 or 1 exactly.
+
+    A float mask: its min and max lie in [0, 1] (NaN fails this), so its int8 cast, which
+    truncates, is 1 exactly where the value is 1.0 and 0 elsewhere; the values are all 0 or 1
+    when that cast equals the bool mask (non-zero) everywhere (0.5 or a subnormal: non-zero,
+    cast to 0; -0.0 counts as 0). Four cheap passes, no `==` or `where`: a trainer's float mask
+    is checked on every loss call. The float mask is remembered beside its bool mask, for
+    `given_weights` and `mask_count`."""
     nonzero = mask.bool()
     if mask.numel() == 0:
         return nonzero
-    if mask.is_floating_point() or mask.is_complex():
+    if mask.is_complex():
         valid = int(torch.count_nonzero(nonzero)) == int(torch.count_nonzero(mask == 1))
-    else:  # integers: 0 and 1 are exactly the values in [0, 1]
+    else:  # integers: 0 and 1 are exactly the values in [0, 1]; floats: see above
         low, high = torch.aminmax(mask)
         valid = bool((low >= 0) & (high <= 1))
+        if valid and mask.is_floating_point():
+            cast = mask.to(torch.int8)  # 1 at 1.0, 0 at every value in [0, 1)
+            valid = int(cast.sub_(nonzero.view(torch.int8)).amin()) == 0  # -1 where 0 < v < 1
+            if valid:
+                _CHECKED[nonzero] = mask.detach()
     if not valid:
         raise ValueError("mask must be bool or hold only 0 and 1")
     return nonzero
+
+
+#: bool mask made by `check_mask` from a float mask -> that float 0/1 mask
+_CHECKED = WeakTensorKeyDictionary()
+
+
+def given_weights(mask, dtype):
+    """The caller's own 0/1 float mask behind a checked bool mask, when it has `dtype` (no new
+    [B, T] tensor to make); None otherwise. Never write into it: it is the caller's."""
+    given = _CHECKED.get(mask)
+    if given is not None and given.dtype == dtype and given.shape == mask.shape:
+        return given
+    return None
+
+
+def mask_count(mask):
+    """The number of real tokens of a checked bool mask, a 0-d tensor: the sum of the caller's
+    float mask when that is exact (float32 below 2^24 tokens: every partial sum is an integer it
+    holds; float64), several times cheaper than counting the bool mask."""
+    given = _CHECKED.get(mask)
+    if given is not None and (given.dtype == torch.float64 or
+                              (given.dtype == torch.float32 and given.numel() < 2**24)):
+        return given.sum()
+    return torch.count_nonzero(mask)
 
 
 def check_is_weight(is_weight, mask, dtype):
@@ -161,10 +194,39 @@ def token_log_ratio(logp, logp_old, mask):
     """log ρ_t = logp − logp_old, zero on masked tokens (so padding never makes NaN)."""
     # in place on the fresh difference: one [B, T] temporary fewer at the peak
     log_ratio = logp - logp_old
+    weights = given_weights(mask, log_ratio.dtype)
+    if weights is not None and log_ratio.device.type == "cpu":
+        return _ZeroPadding.apply(log_ratio, mask, weights)
     if log_ratio.requires_grad:
         return log_ratio.masked_fill_(~mask, 0.0)
     # no gradient: `where` into itself, faster than masked_fill_ on the CPU (no negated mask)
     return torch.where(mask, log_ratio, log_ratio.new_zeros(()), out=log_ratio)
+
+
+def _zero_padding(x, mask, weights, inplace):
+    """x with 0 on the padding: x times the 0/1 weights when x is finite (v·1 = v, v·0 = ±0;
+    several times cheaper on the CPU than masked_fill or where), else `where` (NaN·0 is NaN)."""
+    if bool(torch.isfinite(x.sum())):  # a NaN or ±inf anywhere makes the sum non-finite
+        return x.mul_(weights) if inplace else x * weights
+    if inplace:
+        return x.masked_fill_(~mask, 0.0)
+    return torch.where(mask, x, 0.0)
+
+
+class _ZeroPadding(torch.autograd.Function):
+    """A fresh tensor's padding set to 0 in place, with zero gradient there, by `_zero_padding`
+    both ways (a caller's 0/1 float mask as the weights)."""
+
+    @staticmethod
+    def forward(ctx, x, mask, weights):
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(mask, weights)
+        return _zero_padding(x, mask, weights, inplace=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        mask, weights = ctx.saved_tensors
+        return _zero_padding(grad, mask, weights, inplace=False), None, None
 
 
 def sequence_log_ratio(logp, logp_old, mask):
@@ -190,7 +252,38 @@ def ratio_from_log(log_ratio, out=None):
     one [B, T] temporary fewer, the same values and gradient (exp's backward reads its result).
     out: a tensor to write ρ into (log_ratio itself, if it needs no gradient and is not needed
     again), so that even the clamp makes no temporary."""
+    if out is None and log_ratio.requires_grad and log_ratio.device.type == "cpu" \
+            and log_ratio.numel():
+        return _ClampedExp.apply(log_ratio)
     return torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP, out=out).exp_()
+
+
+class _ClampedExp(torch.autograd.Function):
+    """exp(clamp(log ρ, ±LOG_RATIO_CLAMP)) with torch.clamp's gradient rule: exp's backward, and
+    zero where the clamp acts (NaN included). In the usual batch the clamp acts nowhere, which
+    one min-max pass tells: then no clamped copy is made and the backward is exp's alone, with
+    no range masks and no `where` (slow on the CPU). Values and gradients are torch's, bit for
+    bit (tested)."""
+
+    @staticmethod
+    def forward(ctx, log_ratio):
+        low, high = torch.aminmax(log_ratio)  # NaN makes both NaN: not inside
+        ctx.inside = bool((low >= -LOG_RATIO_CLAMP) & (high <= LOG_RATIO_CLAMP))
+        if ctx.inside:
+            ratio = log_ratio.exp()
+        else:
+            ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp_()
+        ctx.save_for_backward(ratio, None if ctx.inside else log_ratio)
+        return ratio
+
+    @staticmethod
+    def backward(ctx, grad):
+        ratio, log_ratio = ctx.saved_tensors
+        grad = grad * ratio
+        if ctx.inside:
+            return grad
+        kept = (log_ratio >= -LOG_RATIO_CLAMP).logical_and_(log_ratio <= LOG_RATIO_CLAMP)
+        return torch.where(kept, grad, 0.0)
 
 
 def aggregate(values, mask, agg):
@@ -215,7 +308,7 @@ def aggregate(values, mask, agg):
         shape = values.shape
     mask = check_mask(mask, shape)
     if agg == "token-mean":
-        return _MaskedSum.apply(values, mask, None) / torch.count_nonzero(mask).clamp(min=1)
+        return _MaskedSum.apply(values, mask, None) / mask_count(mask).clamp(min=1)
     lengths = row_counts(mask)
     per_seq = _MaskedSum.apply(values, mask, -1)
     if agg == "seq-mean-token-mean":
@@ -225,41 +318,67 @@ def aggregate(values, mask, agg):
     return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
 
 
-def _sum(x, dim):
-    return x.sum() if dim is None else x.sum(dim)
+#: elements per slice of the masked sum: its product stays in the cache (1 MB in float32)
+_SLICE = 2**18
 
 
-def _weights(mask, dtype):
-    """A bool mask as 0/1 in `dtype`: viewed as uint8 it casts several times faster than bool."""
-    return mask.view(torch.uint8).to(dtype)
+def _weighted_sum(values, weights, dim):
+    """Σ values·weights over everything (dim None) or over the last dim, `weights` the 0/1 mask
+    (float, or bool viewed as uint8). On the CPU the product is made a slice of rows at a time
+    into one small buffer and summed there (torch's pairwise sum, as accurate as summing the
+    whole product): no [B, T] temporary, whose making costs more than the sum itself. Values
+    that broadcast against the weights ([B, 1]) are multiplied out and summed."""
+    T = values.shape[-1] if values.dim() else 1
+    rows = values.numel() // max(T, 1)
+    step = max(1, _SLICE // max(T, 1))
+    if values.shape != weights.shape or rows <= step or values.device.type != "cpu":
+        product = values * weights
+        return product.sum() if dim is None else product.sum(dim)
+    values, weights = values.reshape(rows, T), weights.reshape(rows, T)
+    buffer = values.new_empty(step, T)
+    starts = range(0, rows, step)
+    sums = values.new_empty(len(starts) if dim is None else rows)
+    for i, start in enumerate(starts):
+        stop = min(start + step, rows)
+        product = torch.mul(values[start:stop], weights[start:stop], out=buffer[:stop - start])
+        if dim is None:
+            torch.sum(product, (0, 1), out=sums[i])
+        else:
+            torch.sum(product, -1, out=sums[start:stop])
+    return sums.sum() if dim is None else sums.reshape(values.shape[:-1])
 
 
 class _MaskedSum(torch.autograd.Function):
     """Σ of `values` over the real tokens (all of them, or each row's with dim=-1); padding,
-    even NaN or ±inf, adds nothing and gets zero gradient. Its backward is the mask times the
-    incoming gradient, a cast and an in-place product: cheaper on the CPU than the `where` that
-    autograd would run for torch.where(mask, values, 0).sum()."""
+    even NaN or ±inf, adds nothing and gets zero gradient. Its backward is the 0/1 mask times
+    the incoming gradient: cheaper on the CPU than the `where` that autograd would run for
+    torch.where(mask, values, 0).sum()."""
 
     @staticmethod
     def forward(ctx, values, mask, dim):
-        ctx.save_for_backward(mask)
+        given = given_weights(mask, values.dtype)  # kept for the backward: it costs no memory
+        ctx.save_for_backward(mask, given)
         ctx.shape, ctx.dim = values.shape, dim
-        if values.device.type == "cpu":
-            # on the CPU a product is several times faster than `where`: values times the 0/1
-            # mask give the same sum, bit for bit, whenever it is finite and not 0 (v·1 = v,
-            # v·0 = ±0, and a zero's sign cannot change a non-zero sum). A NaN or ±inf anywhere
-            # makes it non-finite, a 0 could carry the other sign: then `where` decides
-            out = _sum(values * _weights(mask, values.dtype), dim)
-            if bool((torch.isfinite(out) & (out != 0)).all()):
-                return out
-        return _sum(torch.where(mask, values, 0.0), dim)
+        if values.device.type != "cpu":
+            cleaned = torch.where(mask, values, 0.0)
+            return cleaned.sum() if dim is None else cleaned.sum(dim)
+        # on the CPU a product with the 0/1 weights is several times faster than `where`.
+        # Padding adds v·0 = ±0, which leaves a sum that is finite and not 0 unchanged, bit for
+        # bit. A NaN or ±inf anywhere makes it non-finite, and a 0 could carry the other sign:
+        # then the padding is zeroed first and the same sum is taken again
+        weights = mask.view(torch.uint8) if given is None else given
+        out = _weighted_sum(values, weights, dim)
+        if bool((torch.isfinite(out) & (out != 0)).all()):
+            return out
+        return _weighted_sum(torch.where(mask, values, 0.0), weights, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
+        mask, given = ctx.saved_tensors
         if ctx.dim is not None:
             grad = grad.unsqueeze(ctx.dim)
-        grad_values = _weights(mask, grad.dtype).mul_(grad)
+        # a bool mask viewed as uint8 multiplies as fast as a float one, with no cast
+        grad_values = grad * (mask.view(torch.uint8) if given is None else given)
         if grad_values.shape != ctx.shape:  # values broadcast against the mask ([B, 1])
             grad_values = grad_values.sum_to_size(ctx.shape)
         return grad_values, None, None
@@ -301,6 +420,11 @@ class _StrictClamp(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         inside = (x > ctx.low).logical_and_(x < ctx.high)  # in place: one bool temporary fewer
+        # times the 0/1 mask (as uint8: a fast cast): several times faster on the CPU than
+        # `where`, and the same wherever the gradient is finite; else `where` (NaN·0 is NaN)
+        kept = grad * inside.view(torch.uint8)
+        if kept.device.type == "cpu" and bool(torch.isfinite(kept.sum())):
+            return kept, None, None
         return torch.where(inside, grad, 0.0), None, None
 
 

@@ -56,32 +56,130 @@ def test_norm_mode_is_accepted_and_unknown_modes_are_not():
 
 
 
-def test_masked_sum_product_path_is_the_where_path_bit_for_bit():
-    """On the CPU the masked sum multiplies by the 0/1 mask and falls back to `where` when the
-    sum is not finite or is 0: the result equals where(mask, v, 0).sum(), sign of zero included,
-    with NaN or -0.0 in the padding, empty rows and negative values (both dims)."""
+@pytest.mark.parametrize("slice_size", [None, 8])
+def test_masked_sum_ignores_what_the_padding_holds_bit_for_bit(slice_size, monkeypatch):
+    """On the CPU the masked sum multiplies by the 0/1 mask a slice of rows at a time, and sums
+    again on the zeroed values when the sum is not finite or is 0: padding holding NaN, ±inf,
+    -0.0 or any number gives the sum of zero padding bit for bit, sign of zero included (both
+    dims, empty rows, negative values), which equals where(mask, v, 0).sum() up to rounding.
+    Negative control: the plain product's sum differs (a NaN, a zero's sign), so the fallback
+    acts."""
     from rlgates import _numerics as nx
 
+    if slice_size:  # a few rows per slice: the sliced product and sum run on small batches
+        monkeypatch.setattr(nx, "_SLICE", slice_size)
     gen = torch.Generator().manual_seed(0)
     fallbacks = 0
-    for trial in range(120):
-        B, T = (int(x) for x in torch.randint(1, 7, (2,), generator=gen))
+    for trial in range(160):
+        B = int(torch.randint(1, 13, (), generator=gen))
+        T = int(torch.randint(1, 7, (), generator=gen))
         v = torch.randn(B, T, generator=gen, dtype=torch.float64 if trial % 3 else torch.float32)
         mask = torch.rand(B, T, generator=gen) < float(torch.rand((), generator=gen))
-        if trial % 4 == 0:
-            v[~mask] = float("nan")
-        if trial % 5 == 0:
-            v[~mask] = -0.0
         if trial % 7 == 0:
             v = -v.abs()
-        for dim in (None, -1):
-            want = torch.where(mask, v, 0.0)
-            want = want.sum() if dim is None else want.sum(dim)
-            got = nx._MaskedSum.apply(v, mask, dim)
-            assert torch.equal(torch.signbit(got), torch.signbit(want))
-            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
-            product = v * mask.to(v.dtype)
-            product = product.sum() if dim is None else product.sum(dim)
-            fallbacks += not torch.equal(product.nan_to_num(7.0), want.nan_to_num(7.0)) or \
-                not torch.equal(torch.signbit(product), torch.signbit(want))
-    assert fallbacks > 10  # the plain product differs (NaN, a zero's sign): the fallback acts
+        clean = torch.where(mask, v, 0.0)
+        padded = v.clone()
+        padded[~mask] = (float("nan"), float("inf"), -0.0, 1e30)[trial % 4]
+        for float_mask in (False, True):
+            m = nx.check_mask(mask.to(v.dtype) if float_mask else mask, mask.shape)
+            for dim in (None, -1):
+                want = nx._MaskedSum.apply(clean, m, dim)
+                got = nx._MaskedSum.apply(padded, m, dim)
+                assert torch.equal(torch.signbit(got), torch.signbit(want))
+                assert torch.equal(got, want)
+                by_where = clean.sum() if dim is None else clean.sum(dim)
+                torch.testing.assert_close(got, by_where, rtol=1e-6, atol=1e-6)
+                product = nx._weighted_sum(padded, mask.to(v.dtype), dim)
+                fallbacks += not torch.equal(product.nan_to_num(7.0), want) or \
+                    not torch.equal(torch.signbit(product), torch.signbit(want))
+    assert fallbacks > 10
+
+
+def test_a_float_mask_weighs_the_loss_as_it_is_and_is_never_written():
+    """A 0/1 float mask of the compute dtype is used as the weights itself (no cast): the loss
+    and the gradient equal the bool mask's bit for bit for every method at its default
+    aggregation, padding may hold NaN, and the caller's mask is unchanged after backward.
+    Negative control: the mask really is the same object the sum reads."""
+    import rlgates
+    from rlgates import _numerics as nx
+
+    gen = torch.Generator().manual_seed(3)
+    B, T = 5, 9
+    logp_old = -torch.rand(B, T, generator=gen) * 3
+    logp = logp_old + 0.3 * torch.randn(B, T, generator=gen)
+    adv = torch.randn(B, generator=gen)
+    mask = nx.ragged_mask(torch.tensor([9, 4, 0, 7, 1]), T)
+    logp[~mask] = float("nan")
+    float_mask = mask.float()
+    kept = float_mask.clone()
+    checked = nx.check_mask(float_mask, (B, T))
+    assert nx.given_weights(checked, torch.float32) is not None
+    assert nx.given_weights(checked, torch.float32).data_ptr() == float_mask.data_ptr()
+    assert nx.given_weights(checked, torch.float64) is None  # another dtype: a cast
+    for name in rlgates.names():
+        m = rlgates.get(name)
+        side = None
+        if m.side_inputs:
+            side = rlgates.SideInfo(**{k: v for k, v in {
+                "entropy": torch.rand(B, T, generator=gen),
+                "sampler_logp": logp_old - 0.1,
+                "draw": torch.rand(B, T, generator=gen)}.items()
+                if k in set(m.side_inputs) | ({"draw"} if name == "clip_cov" else set())})
+        grads = []
+        for mk in (mask, float_mask):
+            leaf = logp.clone().requires_grad_(True)
+            loss = m.loss(leaf, logp_old, adv, mk, side=side)
+            loss.backward()
+            grads.append((loss.detach(), leaf.grad))
+        assert torch.equal(grads[0][0], grads[1][0]), name
+        assert torch.isfinite(grads[1][0]), name
+        assert torch.equal(grads[0][1], grads[1][1]), name
+        assert torch.equal(grads[1][1][~mask], torch.zeros(int((~mask).sum()))), name
+        assert torch.equal(float_mask, kept), name
+
+
+@pytest.mark.parametrize("kind", ["inside", "clamped", "nan"])
+def test_the_ratio_is_torch_clamp_then_exp_bit_for_bit(kind):
+    """ratio_from_log with a gradient skips the clamp and its range masks when the clamp acts
+    nowhere; its value and gradient are torch.clamp(...).exp()'s bit for bit, with log-ratios
+    inside ±20, on and beyond the edges (zero gradient there, torch's rule: the edge itself
+    passes), and NaN (zero gradient)."""
+    from rlgates import _numerics as nx
+
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(6, 7, generator=gen, dtype=dtype) * 3
+        if kind == "clamped":
+            x[0, :4] = torch.tensor([20.0, -20.0, 25.0, -31.0], dtype=dtype)
+        if kind == "nan":
+            x[1, 2] = float("nan")
+        g = torch.randn(6, 7, generator=gen, dtype=dtype)
+        got_x, want_x = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        got = nx.ratio_from_log(got_x * 1)  # a non-leaf, as in the losses
+        want = torch.clamp(want_x * 1, -nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP).exp()
+        assert torch.equal(got.nan_to_num(-1.0), want.nan_to_num(-1.0))
+        got.backward(g)
+        want.backward(g)
+        assert torch.equal(got_x.grad, want_x.grad)
+        if kind == "clamped":  # the control: the clamp acted
+            assert got_x.grad[0, 2] == 0 and got_x.grad[0, 0] != 0
+        if kind == "nan":
+            assert got_x.grad[1, 2] == 0
+
+
+def test_strict_clamp_backward_is_where_and_zero_outside_even_for_nan():
+    """strict_clamp's backward multiplies by the inside mask when the gradient is finite, and
+    uses `where` otherwise: equal to where(inside, grad, 0) in both cases, 0 outside even when
+    the incoming gradient there is NaN or inf."""
+    from rlgates import _numerics as nx
+
+    x = torch.linspace(0.0, 8.0, 41, dtype=torch.float64)
+    inside = (x > 0.7) & (x < 6.0)
+    for bad in (None, float("nan"), float("inf")):
+        g = torch.linspace(-1.0, 1.0, 41, dtype=torch.float64)
+        if bad is not None:
+            g[0] = bad  # outside the window
+        leaf = x.clone().requires_grad_(True)
+        nx.strict_clamp(leaf, 0.7, 6.0).backward(g)
+        assert torch.equal(leaf.grad, torch.where(inside, g, 0.0))
+        assert leaf.grad[0] == 0

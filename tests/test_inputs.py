@@ -294,3 +294,41 @@ def test_a_float_mask_with_negative_zeros_is_the_bool_mask():
     signed = torch.where(mk.bool(), mk, -0.0)
     assert torch.signbit(signed).any()
     assert torch.equal(nx.check_mask(signed, signed.shape), mk.bool())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_float_mask_check_is_the_plain_rule_on_any_bits(dtype):
+    """The float mask check (range, int8 cast, bool) accepts exactly the masks whose every value
+    is 0 or 1 (`(m == 0) | (m == 1)`), on random bit patterns (NaN, ±inf, subnormals, huge
+    values that an int8 cast would wrap to 1) and on the values next to 0 and 1."""
+    from rlgates import _numerics as nx
+
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64,
+            torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype]
+    info = torch.iinfo(bits)
+    gen = torch.Generator().manual_seed(11)
+    one, zero = torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype)
+    edges = [torch.nextafter(one, zero), torch.nextafter(one, 2 * one),
+             torch.nextafter(zero, one), -torch.nextafter(zero, one), -one, 2 * one,
+             torch.tensor(257.0, dtype=dtype), torch.tensor(-255.0, dtype=dtype),
+             torch.tensor(float("nan"), dtype=dtype), torch.tensor(float("inf"), dtype=dtype)]
+    refused = 0
+    for trial in range(400):
+        mask = (torch.rand(3, 5, generator=gen) < 0.6).to(dtype)
+        if trial % 2:
+            mask[torch.randint(3, (1,), generator=gen), torch.randint(5, (1,), generator=gen)] = \
+                edges[trial // 2 % len(edges)] if trial % 4 == 1 else torch.randint(
+                    info.min, info.max, (), generator=gen, dtype=torch.int64).to(bits).view(dtype)
+        if trial % 5 == 0:
+            mask[0, 0] = -0.0
+        plain = bool(((mask == 0) | (mask == 1)).all())
+        try:
+            got = nx.check_mask(mask, mask.shape)
+        except ValueError:
+            assert not plain, mask
+            refused += 1
+            continue
+        assert plain, mask
+        assert torch.equal(got, mask != 0)
+        assert int(nx.mask_count(got)) == int((mask != 0).sum())
+    assert 100 < refused < 200  # the control: both kinds of mask were drawn

@@ -132,7 +132,8 @@ def test_lab_run_r_of_the_batch_equals_run_r_alone(moe_cfg, anchor):
 
 def test_lab_metrics_see_drift_and_mismatch_and_r3_removes_the_engine_gap():
     """Engine with router noise, ratio against the engine's log-probs: at the step's first
-    update (π_θ = π_old) R3 makes log ρ exactly 0 on every token; without replay it is not."""
+    update (π_θ = π_old) R3 makes log ρ 0 on every token (up to rounding); without replay it is
+    not."""
     base = TINY.replace(minibatches=1, steps=2,
                         moe=moe.MoEConfig(engine="noise", router_noise=0.3))
     off = lab.train("ppo", base, seeds=[1], progress=False, keep_log_ratios=True)[0]
@@ -140,7 +141,10 @@ def test_lab_metrics_see_drift_and_mismatch_and_r3_removes_the_engine_gap():
                    progress=False, keep_log_ratios=True)[0]
     assert off.metrics["routing_mismatch"][0] > 0.05
     assert off.log_ratios[0].abs().max() > 1e-3  # the control
-    assert r3.log_ratios[0].abs().max() == 0  # one update per step: the first sees π_old
+    # one update per step: the first sees π_old. Up to rounding: the update reads the batch's
+    # rows in its minibatch order, and a BLAS kernel may round a row by its place in the batch
+    # (exact on some CPUs, a few 1e-7 on others)
+    assert r3.log_ratios[0].abs().max() <= 1e-6
     assert off.metrics["routing_drift"][0] == 0  # the first update pass is π_old's own
 
 

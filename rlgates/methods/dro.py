@@ -88,7 +88,8 @@ class DRO(Method):
     def token_objective(self, logp, logp_old, adv, mask):
         """verl's J_t = A·log π − ½β(log ρ)² (its value differs from f·A by a constant)."""
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)
-        return adv * logp - 0.5 * self.beta * log_ratio.square()
+        # A·log π − ½β·(log ρ)² in one fused pass over the fresh product (fewer temporaries)
+        return (adv * logp).addcmul_(log_ratio, log_ratio, value=-0.5 * self.beta)
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """A − β log ρ: the penalty's pull is there at A = 0 too (no log-ratio clamp)."""
