@@ -203,6 +203,16 @@ def token_log_ratio(logp, logp_old, mask):
     return torch.where(mask, log_ratio, log_ratio.new_zeros(()), out=log_ratio)
 
 
+def zero_padded(x, mask):
+    """A new tensor: x with 0 on the padding (NaN or ±inf there included), for values that take
+    no gradient. A product with the caller's 0/1 float mask when x is finite (several times
+    cheaper on the CPU than `where`), else torch.where(mask, x, 0)."""
+    weights = given_weights(mask, x.dtype)
+    if weights is not None and x.device.type == "cpu":
+        return _zero_padding(x, mask, weights, inplace=False)
+    return torch.where(mask, x, 0.0)
+
+
 def _zero_padding(x, mask, weights, inplace):
     """x with 0 on the padding: x times the 0/1 weights when x is finite (v·1 = v, v·0 = ±0;
     several times cheaper on the CPU than masked_fill or where), else `where` (NaN·0 is NaN)."""

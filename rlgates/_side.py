@@ -203,7 +203,7 @@ def from_batch(side, logp, logp_old, adv, mask, needed) -> SideInfo:
     side = SideInfo() if side is None else side
     derived = {}
     if "probs_old" in needed and side.probs_old is None:
-        derived["probs_old"] = torch.where(mask, logp_old.detach(), 0.0).exp()
+        derived["probs_old"] = nx.zero_padded(logp_old.detach(), mask).exp_()
     if "cov" in needed and side.cov is None:
         derived["cov"] = batch_cov(logp, adv, mask)
     return side.replace(**derived) if derived else side

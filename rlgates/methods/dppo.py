@@ -86,7 +86,7 @@ class DPPO(Method):
     # --- the loss, as verl writes it -----------------------------------------------------------
     def _keep(self, logp, logp_old, adv, mask, side):
         """M·sg(min(ρ, c)) per token, no gradient; padding gets a finite value."""
-        logp = torch.where(mask, logp.detach(), 0.0)
+        logp = nx.zero_padded(logp.detach(), mask)
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)
         keep = self.valid(log_ratio, logp.exp(), side.probs_old, adv)
         # in place on the log-ratio, no longer needed: no [B, T] temporaries for ρ and min(ρ, c)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _numerics as nx
 from ._base import _hparam, register
 from .clip import DAPO
 
@@ -79,11 +80,11 @@ class OffPolicyMask(_SideMask):
     def _derive_side(self, logp, logp_old, adv, mask, side):
         side = super()._derive_side(logp, logp_old, adv, mask, side)
         if side.sampler_logp is None:  # no rollout engine of its own: the sampler is π_old
-            side = side.replace(sampler_logp=torch.where(mask, logp_old.detach(), 0.0))
+            side = side.replace(sampler_logp=nx.zero_padded(logp_old.detach(), mask))
         if side.picked is not None:
             return side
         sampler = side.sampler_logp.to(logp.dtype).expand_as(logp)
-        kl = torch.where(mask, sampler - logp.detach(), 0.0)
+        kl = nx.zero_padded(sampler - logp.detach(), mask)
         mean_kl = kl.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         return side.replace(picked=mask & self._keep(adv, mean_kl))
 
