@@ -205,15 +205,15 @@ class KLCov(_CovPick):
 
     def token_objective(self, logp, logp_old, adv, mask, side):
         """verl's J_t = A·ρ − P_t·κ·|log ρ|, exact at A = 0 too."""
-        log_ratio = torch.clamp(logp - logp_old, -nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP)
-        objective = adv * log_ratio.exp()
+        objective = adv * nx.ratio_from_log(logp - logp_old)
         # the penalty on the picked tokens only (a few in ten thousand): no [B, T] pass for it
         picked = side.picked.expand(objective.shape).reshape(-1).nonzero().squeeze(-1)
         if not picked.numel():
             return objective
-        flat, flat_log_ratio = objective.view(-1), log_ratio.reshape(-1)
-        penalty = self.kl_coef * flat_log_ratio[picked].abs()
-        return flat.index_put((picked,), flat[picked] - penalty).view_as(objective)
+        log_ratio = logp.reshape(-1)[picked] - logp_old.reshape(-1)[picked]
+        penalty = self.kl_coef * log_ratio.clamp(-nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP).abs()
+        flat = objective.view(-1)  # written in place: the product is fresh
+        return flat.index_put_((picked,), flat[picked] - penalty).view_as(objective)
 
     def grad_coefficient(self, logp, logp_old, adv, mask, side):
         """A·ρ − P_t·κ·sign(log ρ), zero where the ±20 clamp of log ρ is active."""

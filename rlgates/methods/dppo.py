@@ -94,7 +94,7 @@ class DPPO(Method):
 
     def token_objective(self, logp, logp_old, adv, mask, side):
         """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is)."""
-        return self._keep(logp, logp_old, adv, mask, side) * adv * logp
+        return self._keep(logp, logp_old, adv, mask, side).mul_(adv) * logp  # _keep's is fresh
 
     def grad_coefficient(self, logp, logp_old, adv, mask, side):
         """M·min(ρ, c)·A: the gradient flows through log π, so the ±20 clamp of log ρ only
