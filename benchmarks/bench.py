@@ -15,6 +15,14 @@ references of those methods are `rlgates.reference.SIDE_REFERENCES`. Peak memory
 in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
 torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
 training lab's throughput.
+
+On the CPU a new tensor of a few MB or more can cost more than the arithmetic on it: glibc gives
+large freed blocks back to the kernel, and the next step pays a page fault per 4 kB. Whether a
+1M-token step's tensors fault depends on what the process freed before, so the 1M ratios of the
+cheapest losses move between runs; the 8M ones are steady. To time the arithmetic alone, keep
+freed memory in the process:
+
+    MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=4000000000 python benchmarks/bench.py
 """
 
 from __future__ import annotations
