@@ -138,9 +138,7 @@ def given_weights(mask, dtype):
     """The caller's own 0/1 float mask behind a checked bool mask, when it has `dtype` (no new
     [B, T] tensor to make); None otherwise. Never write into it: it is the caller's."""
     given = _CHECKED.get(mask)
-    if given is not None and given.dtype == dtype and given.shape == mask.shape:
-        return given
-    return None
+    return given if given is not None and given.dtype == dtype else None
 
 
 def mask_count(mask):
@@ -430,12 +428,8 @@ class _StrictClamp(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         inside = (x > ctx.low).logical_and_(x < ctx.high)  # in place: one bool temporary fewer
-        # times the 0/1 mask (as uint8: a fast cast): several times faster on the CPU than
-        # `where`, and the same wherever the gradient is finite; else `where` (NaN·0 is NaN)
-        if grad.device.type == "cpu":
-            kept = grad * inside.view(torch.uint8)
-            if bool(torch.isfinite(kept.sum())):
-                return kept, None, None
+        if grad.device.type == "cpu":  # times the window as uint8 when finite: no `where`
+            return _zero_padding(grad, inside, inside.view(torch.uint8), inplace=False), None, None
         return torch.where(inside, grad, 0.0), None, None
 
 
