@@ -118,7 +118,7 @@ def _bool_mask(mask):
     if mask.is_complex():
         valid = int(torch.count_nonzero(nonzero)) == int(torch.count_nonzero(mask == 1))
     else:  # integers: 0 and 1 are exactly the values in [0, 1]; floats: see above
-        low, high = torch.aminmax(mask)
+        low, high = _value_range(mask)
         valid = bool((low >= 0) & (high <= 1))
         if valid and mask.is_floating_point():
             cast = mask.to(torch.int8)  # 1 at 1.0, 0 at every value in [0, 1)
@@ -128,6 +128,26 @@ def _bool_mask(mask):
     if not valid:
         raise ValueError("mask must be bool or hold only 0 and 1")
     return nonzero
+
+
+#: a float dtype -> (the integer dtype of its size, the bits of 1.0 read as that integer)
+_BITS = {dtype: (idtype, int(torch.ones((), dtype=dtype).view(idtype)))
+         for dtype, idtype in ((torch.float64, torch.int64), (torch.float32, torch.int32),
+                               (torch.float16, torch.int16), (torch.bfloat16, torch.int16))}
+
+
+def _value_range(mask):
+    """(min, max) of a mask, or (0, 1) when every value is +0.0 or lies in (0, 1], read from
+    the float's bits: a float with its sign bit clear is ordered as the integer of its bits, so
+    the bits lie in [0, bits of 1.0] exactly then (NaN and +inf lie above). That integer
+    min-max is about twice as fast as the float one on the CPU; a sign bit (-0.0, a negative
+    value) gives the float min-max."""
+    if mask.dtype in _BITS:
+        idtype, one = _BITS[mask.dtype]
+        low, high = torch.aminmax(mask.view(idtype))
+        if bool((low >= 0) & (high <= one)):
+            return 0, 1
+    return torch.aminmax(mask)
 
 
 #: bool mask made by `check_mask` from a float mask -> that float 0/1 mask

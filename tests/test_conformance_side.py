@@ -10,6 +10,7 @@ its code falls back to another value (DPPO's c = 20, KL-Cov's ppo_kl_coef = 1), 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 
 import pytest
@@ -101,6 +102,35 @@ def test_dppo_tv_is_a_window_in_rho_scaled_by_one_over_pi_old():
         if low > 0:
             r = torch.tensor([low * (1 + 1e-9), low * (1 - 1e-9)], dtype=torch.float64)
             assert m.gate(r, -torch.ones(2, dtype=torch.float64), side).tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dppo_tv_mask_is_verls_where_on_the_edges(dtype):
+    """rlgates writes DPPO-TV's mask as a window per token (π − π_old ≤ δ_h for A > 0, ≥ −δ_l for
+    A ≤ 0); verl writes torch.where(A > 0, π − π_old ≤ δ_h, π − π_old ≥ −δ_l), comparing with its
+    Python floats. The two agree bit for bit at the edges themselves, one step past them, and
+    with NaN, ±inf and A = 0 or NaN, in float32 and float64 (where δ = 0.2 differs)."""
+    m = rlgates.get("dppo_tv", delta_low=0.2, delta_high=0.2)
+    old = torch.tensor([0.3, 0.5, 0.7], dtype=dtype)
+    moved = []
+    for d in (0.2, -0.2):
+        edge = torch.tensor(d, dtype=dtype)
+        moved += [edge, torch.nextafter(edge, edge.new_tensor(1.0)),
+                  torch.nextafter(edge, edge.new_tensor(-1.0))]
+    moved = torch.stack(moved + [torch.tensor(v, dtype=dtype) for v in
+                                 (0.0, math.nan, math.inf, -math.inf)])
+    prob = (old[:, None] + moved[None, :]).flatten()  # π − π_old lands on each edge value
+    prob_old = old[:, None].expand(-1, len(moved)).flatten()
+    for a in (1.0, -1.0, 0.0, math.nan):
+        adv = torch.full_like(prob, a)
+        diff = prob - prob_old
+        verl_keep = torch.where(adv > 0, diff <= 0.2, diff >= -0.2)
+        keep = m.valid(None, prob, prob_old, adv)
+        assert keep.dtype == torch.bool and torch.equal(keep, verl_keep), (dtype, a)
+    # not vacuous: each edge keeps on one side and drops on the other, for each sign of A
+    for a in (1.0, -1.0):
+        keep = m.valid(None, prob, prob_old, torch.full_like(prob, a))
+        assert keep.any() and not keep.all()
 
 
 def test_dppo_kl_edges_solve_the_binary_kl():

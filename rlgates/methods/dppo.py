@@ -10,6 +10,8 @@ gate is a function of (ρ, A, π_old): a side input (`side_inputs = ("probs_old"
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _numerics as nx
@@ -66,7 +68,8 @@ class DPPO(Method):
 
     # --- the mask, from (π, π_old) as verl computes it -------------------------------------
     def valid(self, log_ratio, prob, prob_old, adv):
-        """M: 1 where the token may move (π within the trust region on the side A pushes)."""
+        """M, a bool tensor: True where the token may move (π within the trust region on the
+        side A pushes)."""
         raise NotImplementedError
 
     def edges(self, prob_old):
@@ -86,9 +89,9 @@ class DPPO(Method):
     # --- the loss, as verl writes it -----------------------------------------------------------
     def _keep(self, logp, logp_old, adv, mask, side):
         """M·sg(min(ρ, c)) per token, no gradient; padding gets a finite value."""
-        logp = nx.zero_padded(logp.detach(), mask)
+        logp = nx.zero_padded(logp.detach(), mask)  # a fresh copy
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)
-        keep = self.valid(log_ratio, logp.exp(), side.probs_old, adv)
+        keep = self.valid(log_ratio, logp.exp_(), side.probs_old, adv)  # π in place on the copy
         # in place on the log-ratio, no longer needed: no [B, T] temporaries for ρ and min(ρ, c)
         return nx.ratio_from_log(log_ratio, out=log_ratio).clamp_(max=self.c).mul_(keep)
 
@@ -133,10 +136,13 @@ class DPPOTV(DPPO):
     )
 
     def valid(self, log_ratio, prob, prob_old, adv):
+        # A > 0 keeps π − π_old ≤ δ_h, A ≤ 0 keeps π − π_old ≥ −δ_l: as a window per token
+        # whose other side is open (verl's torch.where of the two tests, without a [B, T] where)
+        up, bound = adv > 0, prob.new_tensor  # the bounds in π's dtype, as verl compares them
+        high = torch.where(up, bound(self.hparams["delta_high"]), bound(math.inf))
+        low = torch.where(up, bound(-math.inf), bound(-self.hparams["delta_low"]))
         moved = prob - prob_old
-        keep = torch.where(adv > 0, moved <= self.hparams["delta_high"],
-                           moved >= -self.hparams["delta_low"])
-        return keep.to(prob.dtype)
+        return (moved <= high).logical_and_(moved >= low)
 
     def edges(self, prob_old):
         return (1 - self.hparams["delta_low"] / prob_old,
@@ -186,7 +192,7 @@ class DPPOKL(DPPO):
         kl = binary_kl(log_ratio, prob, prob_old)  # NaN where π > 1: every test below fails
         up = (kl <= self.hparams["delta_high"]) | (prob <= prob_old)
         down = (kl <= self.hparams["delta_low"]) | (prob >= prob_old)
-        return torch.where(adv > 0, up, down).to(prob.dtype)
+        return torch.where(adv > 0, up, down)
 
     def edges(self, prob_old, steps=64):
         """Bisection on π ∈ [π_old, 1] (upper edge) and (0, π_old] (lower edge), where the
