@@ -173,20 +173,28 @@ def _sample(t):
         ", …" if t.numel() > 3 else "")
 
 
-def batch_cov(logp, adv, mask):
+def batch_cov(logp, adv, mask, real=None):
     """[B, T] the centred covariance term (log π − mean log π)·(A − mean A) of each token, the
     means over the real tokens (Clip-Cov and KL-Cov, Cui et al. 2025, arXiv:2505.22617),
     computed as verl's kl_cov does, on the flat list of real tokens; 0 on padding. No gradient:
-    it only picks tokens."""
+    it only picks tokens. `real`: `real_cov`'s result, when the caller has it."""
+    real, values = real_cov(logp, adv, mask) if real is None else real
+    cov = torch.zeros_like(logp.detach())
+    cov.view(-1)[real] = values
+    return cov
+
+
+def real_cov(logp, adv, mask):
+    """(real, values): the flat indices of the real tokens, in order, and the covariance term of
+    each (`batch_cov` on the real tokens alone, verl's flat list)."""
     logp, adv = logp.detach(), adv.detach().expand_as(logp)
     # the real tokens' flat indices, found once (a bool index finds them again on each use);
     # the values and their order are those of logp[mask], so the means are bit for bit verl's
     real = mask.reshape(-1).nonzero().squeeze(-1)
-    cov = torch.zeros_like(logp)
-    if real.numel():
-        real_logp, real_adv = logp.reshape(-1)[real], adv.reshape(-1)[real]
-        cov.view(-1)[real] = (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
-    return cov
+    if not real.numel():
+        return real, logp.new_zeros(0)
+    real_logp, real_adv = logp.reshape(-1)[real], adv.reshape(-1)[real]
+    return real, (real_adv - real_adv.mean()) * (real_logp - real_logp.mean())
 
 
 class MissingSide(ValueError):

@@ -63,6 +63,21 @@ def test_the_batch_gives_probs_old_and_the_covariance():
     assert float(kept.probs_old) == 0.5 and kept.cov is None
 
 
+def test_kl_cov_picks_alike_from_its_own_covariance_and_a_given_one():
+    """KL-Cov keeps the real tokens' flat list from the covariance it computes and picks from
+    it; given `cov`, it finds the real tokens itself. Both give the same pick and the same
+    [B, T] covariance; a different covariance (negated) gives another pick (not vacuous)."""
+    m = rlgates.get("kl_cov", cov_ratio=0.05)
+    logp, logp_old, adv, mask = make_batch(seed=3)
+    adv = adv[:, None]  # as check_loss_inputs gives it
+    own = m.side_from_batch(logp, logp_old, adv, mask)
+    given = m.side_from_batch(logp, logp_old, adv, mask, side=rlgates.SideInfo(cov=own.cov))
+    assert torch.equal(own.cov, _side.batch_cov(logp, adv, mask))
+    assert own.picked.any() and torch.equal(own.picked, given.picked)
+    other = m.side_from_batch(logp, logp_old, adv, mask, side=rlgates.SideInfo(cov=-own.cov))
+    assert not torch.equal(own.picked, other.picked)
+
+
 class PickedOnly(rlgates.Method):
     """A toy whose gate reads `picked`, which neither the batch nor the lab gives."""
 

@@ -42,9 +42,13 @@ class _CovPick(Method):
     def _derive_side(self, logp, logp_old, adv, mask, side):
         if side.picked is not None:
             return side
-        cov = side.cov if side.cov is not None else _side.batch_cov(logp, adv, mask)
-        cov = cov.to(logp.dtype).expand_as(logp)
-        return side.replace(cov=cov, picked=self.pick(logp, logp_old, adv, mask, cov, side))
+        real = None  # (indices, values) of the real tokens' covariances, when computed here
+        if side.cov is None:  # the flat list is kept for the pick: no second nonzero
+            real = _side.real_cov(logp, adv, mask)
+            cov = _side.batch_cov(logp, adv, mask, real)
+        else:
+            cov = side.cov.to(logp.dtype).expand_as(logp)
+        return side.replace(cov=cov, picked=self.pick(logp, logp_old, adv, mask, cov, side, real))
 
 
 @register
@@ -112,8 +116,9 @@ class ClipCov(_CovPick, SignClip):
         band = (cov > self.hparams["cov_low"]) & (cov < self.hparams["cov_high"])
         return mask & ~clipped & band
 
-    def pick(self, logp, logp_old, adv, mask, cov, side):
-        """The `pick_count` candidates with the smallest draws (ties: the earlier token)."""
+    def pick(self, logp, logp_old, adv, mask, cov, side, real=None):
+        """The `pick_count` candidates with the smallest draws (ties: the earlier token).
+        `real`: unused (the candidates are not the real tokens)."""
         if side.draw is None:
             raise _side.MissingSide(
                 self.name, "draw", "clip_cov picks tokens at random: sideinfo.draw (a uniform "
@@ -183,14 +188,17 @@ class KLCov(_CovPick):
         h["kl_coef"] = _hparam(self.name, "kl_coef", h["kl_coef"], low=0)
         self.kl_coef = h["kl_coef"]
 
-    def pick(self, logp, logp_old, adv, mask, cov, side):
-        """The `pick_count` real tokens of largest covariance (torch.topk, as verl)."""
+    def pick(self, logp, logp_old, adv, mask, cov, side, real=None):
+        """The `pick_count` real tokens of largest covariance (torch.topk, as verl). `real`:
+        the real tokens' flat indices and covariances, when the caller has them (`real_cov`)."""
         picked = torch.zeros_like(mask)
         if not bool(mask.any()):
             return picked
-        real = mask.flatten().nonzero().squeeze(-1)
-        top = torch.topk(cov.flatten()[real], pick_count(self.hparams["cov_ratio"], mask))
-        picked.view(-1)[real[top.indices]] = True
+        if real is None:
+            index = mask.flatten().nonzero().squeeze(-1)
+            real = index, cov.flatten()[index]
+        top = torch.topk(real[1], pick_count(self.hparams["cov_ratio"], mask))
+        picked.view(-1)[real[0][top.indices]] = True
         return picked
 
     def _weight(self, ratio, adv, side):
