@@ -18,26 +18,12 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
 from bookserver import BOOK, LAUNCH_ARGS, chromium, serve  # noqa: E402
-from crawl import DESKTOP, PHONE, pages  # noqa: E402
+from crawl import DESKTOP, PHONE, WEIGH_SETTLE, pages, weigh  # noqa: E402
 
 LIMIT = 1_500_000  # bytes: the heaviest page may weigh this much
-
-# Settled: MathJax typeset, solutions open, every image loaded, every web font in.
-SETTLE = """async () => {
-  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
-  document.querySelectorAll('details').forEach(d => { d.open = true; });
-  await Promise.all([...document.images].map(i => {
-    i.loading = 'eager'; return i.decode().catch(() => null); }));
-  await document.fonts.ready;
-  await new Promise(r => setTimeout(r, 200));
-  await document.fonts.ready;
-  return true;
-}"""
-
 
 
 def kind(path: str) -> str:
@@ -53,7 +39,8 @@ def kind(path: str) -> str:
 
 def page_weight(browser, base_url: str, book_dir: Path, rel: str, viewport=DESKTOP,
                 **context_kwargs) -> dict:
-    """The files one page loads: {"files": {path: bytes}, "total": bytes, "missing": [urls]}."""
+    """The files one page loads: {"files": {path: bytes}, "total": bytes, "missing": [urls]}
+    (the browser tests weigh each page in their visit of it at 1280 px the same way)."""
     context = browser.new_context(viewport=viewport, **context_kwargs)
     requested: list[str] = []
     context.on("request", lambda r: requested.append(r.url))
@@ -61,27 +48,11 @@ def page_weight(browser, base_url: str, book_dir: Path, rel: str, viewport=DESKT
         page = context.new_page()
         page.set_default_timeout(120_000)  # a busy machine
         page.goto(base_url + rel, wait_until="load")
-        page.evaluate(SETTLE)
+        page.evaluate(WEIGH_SETTLE)
         page.wait_for_load_state("networkidle")
     finally:
         context.close()
-    files, missing = {}, []
-    for url in requested:
-        u = urlsplit(url)
-        if u.scheme in ("data", "blob", "about"):
-            continue  # inside a file already counted
-        if not url.startswith(base_url):
-            missing.append(url)
-            continue
-        path = unquote(u.path).lstrip("/") or "index.html"
-        f = book_dir / path
-        if f.is_dir():
-            f, path = f / "index.html", f"{path.rstrip('/')}/index.html"
-        if f.is_file():
-            files[path] = f.stat().st_size
-        else:
-            missing.append(url)
-    return {"files": files, "total": sum(files.values()), "missing": missing}
+    return weigh(requested, base_url, book_dir)
 
 
 def breakdown(files: dict[str, int]) -> Counter:

@@ -8,6 +8,12 @@ opens the solutions) and, on a page with a table, the key-column check of test_t
 deletes a style rule for its negative control). A page is read once it has settled: MathJax's first
 typeset done, its fonts loaded, every image decoded.
 
+At 1280 px each page is opened in a fresh browser context, so that the visit also weighs it
+(test_weight, as benchmarks/page_weight.py does): after the reads, WEIGH_SETTLE opens the
+solutions and waits for every image and font, then the network goes idle, and `weigh` sums the
+files the page requested. (One crawl does both: a page load costs about two CPU seconds, most
+of it Chromium's.) At 390 px one tab is reused from page to page.
+
 The two widths are visited in two threads, each with a Chromium of its own (Playwright's sync API
 is used by one thread only), while the session's other browser tests run (conftest.py starts the
 visit at the first test and runs the tests that need it last).
@@ -18,6 +24,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from bookserver import LAUNCH_ARGS, Offline
 
@@ -36,6 +43,41 @@ SETTLE = """async () => {
     i.loading = 'eager'; return i.decode().catch(() => null); }));
   return true;
 }"""
+
+# Settled for weighing: MathJax typeset, solutions open, every image loaded, every web font in.
+WEIGH_SETTLE = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  await Promise.all([...document.images].map(i => {
+    i.loading = 'eager'; return i.decode().catch(() => null); }));
+  await document.fonts.ready;
+  await new Promise(r => setTimeout(r, 200));
+  await document.fonts.ready;
+  return true;
+}"""
+
+
+def weigh(requested: list[str], base_url: str, book_dir: Path) -> dict:
+    """The files a page loaded, from the URLs it requested: {"files": {path: bytes}, "total":
+    bytes, "missing": [URLs the book cannot answer, or off localhost]}."""
+    files, missing = {}, []
+    for url in requested:
+        u = urlsplit(url)
+        if u.scheme in ("data", "blob", "about"):
+            continue  # inside a file already counted
+        if not url.startswith(base_url):
+            missing.append(url)
+            continue
+        path = unquote(u.path).lstrip("/") or "index.html"
+        f = book_dir / path
+        if f.is_dir():
+            f, path = f / "index.html", f"{path.rstrip('/')}/index.html"
+        if f.is_file():
+            files[path] = f.stat().st_size
+        else:
+            missing.append(url)
+    return {"files": files, "total": sum(files.values()), "missing": missing}
+
 
 # Everything the per-page checks need, read in one go.
 INSPECT = r"""() => {
@@ -285,14 +327,18 @@ def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
     from playwright.sync_api import sync_playwright
 
     viewport, kwargs = WIDTHS[label]
-    measured, problems, seen = set(layout_pages(book_dir)), [], {}
+    measured, problems, seen, blocked = set(layout_pages(book_dir)), [], {}, []
+    weighed = label == "desktop"  # each page in a fresh context, so that it can be weighed
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=LAUNCH_ARGS, headless=True)
-        ctx = Offline(browser, viewport=viewport, **kwargs)
-        tab = Tab(ctx, problems)
+        ctx = tab = None
         for rel in pages(book_dir):
             if stop.is_set():
                 break
+            if tab is None or weighed:
+                ctx = Offline(browser, viewport=viewport, **kwargs)
+                tab, requested = Tab(ctx, problems), []
+                ctx.context.on("request", lambda r, got=requested: got.append(r.url))
             page = tab.open(base_url + rel, f"{rel} {label}")
             seen[rel] = {"inspect": page.evaluate(INSPECT)}
             if rel in measured:
@@ -301,9 +347,17 @@ def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
                 seen[rel]["formulas"] = page.evaluate(FORMULAS)
             if "<table" in (book_dir / rel).read_text(encoding="utf-8"):
                 seen[rel]["tables"] = read_tables(page)
-        ctx.close()
+            if weighed:
+                page.evaluate(WEIGH_SETTLE)
+                page.wait_for_load_state("networkidle")
+                seen[rel]["weight"] = weigh(requested, base_url, book_dir)
+                blocked += ctx.blocked
+                ctx.close()
+        if ctx is not None and not weighed:
+            blocked += ctx.blocked
+            ctx.close()
         browser.close()
-    return {"pages": seen, "problems": problems, "blocked": ctx.blocked}
+    return {"pages": seen, "problems": problems, "blocked": blocked}
 
 
 class Visit:

@@ -1,8 +1,9 @@
 """What a page weighs: no page of the built book makes a reader's browser load more than 1.5 MB
 (HTML, style sheets, scripts, fonts, images, MathJax's components and fonts, as served, without
-compression), measured as benchmarks/page_weight.py does: each page in a fresh browser context,
-MathJax done, every image and web font loaded. And the icon fonts, cut to the icons the book
-shows (scripts/lighter_assets.py), still hold every icon a style sheet draws.
+compression), measured in the session's visit of each page at 1280 px (crawl.py), as
+benchmarks/page_weight.py measures it: each page in a fresh browser context, MathJax done,
+solutions open, every image and web font loaded, the network idle. And the icon fonts, cut to
+the icons the book shows (scripts/lighter_assets.py), still hold every icon a style sheet draws.
 
 Run: `python -m pytest tests/browser -m browser` after `python3 tasks.py book` (or set BOOK_HTML).
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from page_weight import LIMIT, breakdown, page_weight, pages  # noqa: E402
+from page_weight import LIMIT, breakdown  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -26,8 +27,9 @@ ICON = re.compile(r'"\\([ef][0-9a-fA-F]{3}) ?"')
 
 
 @pytest.fixture(scope="module")
-def weights(book_dir, base_url, browser):
-    return {rel: page_weight(browser, base_url, book_dir, rel) for rel in pages(book_dir)}
+def weights(site):
+    """{page: its weight at 1280 px}, from the session's one visit of each page (crawl.py)."""
+    return {rel: m["weight"] for (width, rel), m in site["pages"].items() if width == "desktop"}
 
 
 def test_no_page_heavier_than_the_limit(weights):
