@@ -118,8 +118,7 @@ def _bool_mask(mask):
     if mask.is_complex():
         valid = int(torch.count_nonzero(nonzero)) == int(torch.count_nonzero(mask == 1))
     else:  # integers: 0 and 1 are exactly the values in [0, 1]; floats: see above
-        low, high = _value_range(mask)
-        valid = bool((low >= 0) & (high <= 1))
+        valid = _in_unit_range(mask)
         if valid and mask.is_floating_point():
             cast = mask.to(torch.int8)  # 1 at 1.0, 0 at every value in [0, 1)
             valid = int(cast.sub_(nonzero.view(torch.int8)).amin()) == 0  # -1 where 0 < v < 1
@@ -136,18 +135,19 @@ _BITS = {dtype: (idtype, int(torch.ones((), dtype=dtype).view(idtype)))
                                (torch.float16, torch.int16), (torch.bfloat16, torch.int16))}
 
 
-def _value_range(mask):
-    """(min, max) of a mask, or (0, 1) when every value is +0.0 or lies in (0, 1], read from
-    the float's bits: a float with its sign bit clear is ordered as the integer of its bits, so
-    the bits lie in [0, bits of 1.0] exactly then (NaN and +inf lie above). That integer
+def _in_unit_range(mask) -> bool:
+    """Whether every value of a mask lies in [0, 1] (NaN does not). A float's bits are read as
+    an integer first: with its sign bit clear a float sorts as that integer does, so bits in
+    [0, bits of 1.0] mean +0.0 or a value in (0, 1] (NaN and +inf lie above). That integer
     min-max is about twice as fast as the float one on the CPU; a sign bit (-0.0, a negative
-    value) gives the float min-max."""
+    value) leaves it to the float min-max."""
     if mask.dtype in _BITS:
         idtype, one = _BITS[mask.dtype]
         low, high = torch.aminmax(mask.view(idtype))
         if bool((low >= 0) & (high <= one)):
-            return 0, 1
-    return torch.aminmax(mask)
+            return True
+    low, high = torch.aminmax(mask)
+    return bool((low >= 0) & (high <= 1))
 
 
 #: bool mask made by `check_mask` from a float mask -> that float 0/1 mask

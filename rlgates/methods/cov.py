@@ -197,8 +197,9 @@ class KLCov(_CovPick):
         if real is None:
             index = mask.flatten().nonzero().squeeze(-1)
             real = index, cov.flatten()[index]
-        top = torch.topk(real[1], pick_count(self.hparams["cov_ratio"], mask))
-        picked.view(-1)[real[0][top.indices]] = True
+        index, values = real
+        top = torch.topk(values, pick_count(self.hparams["cov_ratio"], mask))
+        picked.view(-1)[index[top.indices]] = True
         return picked
 
     def _weight(self, ratio, adv, side):
