@@ -49,7 +49,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 class Offline:
-    """A browser context whose network is localhost only; every request elsewhere is recorded.
+    """A browser context whose network is localhost only. It records every URL requested
+    (`requested`) and, apart, each one off localhost (`blocked`).
 
     Requests off localhost are recorded from the `request` event and fail at the network layer
     (LAUNCH_ARGS). With `route=True` they are also aborted by a Playwright route; routing turns
@@ -58,6 +59,7 @@ class Offline:
 
     def __init__(self, browser, route=False, **context_kwargs):
         self.blocked: list[str] = []
+        self.requested: list[str] = []  # every URL asked for (the page weight reads them)
         self.context = browser.new_context(**context_kwargs)
         # waits end when their condition holds; the limit is only for a busy machine (the check
         # runs the engine tests beside these), where a long page can take over Playwright's 30 s
@@ -71,6 +73,7 @@ class Offline:
         return u.scheme in ("http", "https", "ws", "wss") and u.hostname not in LOCAL_HOSTS
 
     def _record(self, request):
+        self.requested.append(request.url)
         if self._off_localhost(request.url):
             self.blocked.append(request.url)
 

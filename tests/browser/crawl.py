@@ -337,8 +337,7 @@ def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
                 break
             if tab is None or weighed:
                 ctx = Offline(browser, viewport=viewport, **kwargs)
-                tab, requested = Tab(ctx, problems), []
-                ctx.context.on("request", lambda r, got=requested: got.append(r.url))
+                tab = Tab(ctx, problems)
             page = tab.open(base_url + rel, f"{rel} {label}")
             seen[rel] = {"inspect": page.evaluate(INSPECT)}
             if rel in measured:
@@ -350,7 +349,7 @@ def _visit(label: str, book_dir: Path, base_url: str, chromium: str,
             if weighed:
                 page.evaluate(WEIGH_SETTLE)
                 page.wait_for_load_state("networkidle")
-                seen[rel]["weight"] = weigh(requested, base_url, book_dir)
+                seen[rel]["weight"] = weigh(ctx.requested, base_url, book_dir)
                 blocked += ctx.blocked
                 ctx.close()
         if ctx is not None and not weighed:
