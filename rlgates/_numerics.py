@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
 #: Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, as verl does (TRL
 #: does not clamp; verl's GSPO clamps at +10 on one side only: see the trainer chapter).
@@ -122,8 +121,8 @@ def _bool_mask(mask):
         if valid and mask.is_floating_point():
             cast = mask.to(torch.int8)  # 1 at 1.0, 0 at every value in [0, 1)
             valid = int(cast.sub_(nonzero.view(torch.int8)).amin()) == 0  # -1 where 0 < v < 1
-            if valid:
-                _CHECKED[nonzero] = mask.detach()
+            if valid:  # an attribute of the fresh bool mask: a weak dict costs µs per lookup
+                nonzero._rlgates_given = mask.detach()
     if not valid:
         raise ValueError("mask must be bool or hold only 0 and 1")
     return nonzero
@@ -144,20 +143,16 @@ def _in_unit_range(mask) -> bool:
     if mask.dtype in _BITS:
         idtype, one = _BITS[mask.dtype]
         low, high = torch.aminmax(mask.view(idtype))
-        if bool((low >= 0) & (high <= one)):
+        if low.item() >= 0 and high.item() <= one:  # Python numbers: no tensor ops to run
             return True
     low, high = torch.aminmax(mask)
-    return bool((low >= 0) & (high <= 1))
-
-
-#: bool mask made by `check_mask` from a float mask -> that float 0/1 mask
-_CHECKED = WeakTensorKeyDictionary()
+    return low.item() >= 0 and high.item() <= 1  # NaN compares False
 
 
 def given_weights(mask, dtype):
     """The caller's own 0/1 float mask behind a checked bool mask, when it has `dtype` (no new
     [B, T] tensor to make); None otherwise. Never write into it: it is the caller's."""
-    given = _CHECKED.get(mask)
+    given = getattr(mask, "_rlgates_given", None)
     return given if given is not None and given.dtype == dtype else None
 
 
@@ -165,7 +160,7 @@ def mask_count(mask):
     """The number of real tokens of a checked bool mask, a 0-d tensor: the sum of the caller's
     float mask when that is exact (float32 below 2^24 tokens: every partial sum is an integer it
     holds; float64), several times cheaper than counting the bool mask."""
-    given = _CHECKED.get(mask)
+    given = getattr(mask, "_rlgates_given", None)
     if given is not None and (given.dtype == torch.float64 or
                               (given.dtype == torch.float32 and given.numel() < 2**24)):
         return given.sum()
@@ -234,7 +229,7 @@ def zero_padded(x, mask):
 def _zero_padding(x, mask, weights, inplace):
     """x with 0 on the padding: x times the 0/1 weights when x is finite (v·1 = v, v·0 = ±0;
     several times cheaper on the CPU than masked_fill or where), else `where` (NaN·0 is NaN)."""
-    if bool(torch.isfinite(x.sum())):  # a NaN or ±inf anywhere makes the sum non-finite
+    if math.isfinite(x.sum().item()):  # a NaN or ±inf anywhere makes the sum non-finite
         return x.mul_(weights) if inplace else x * weights
     if inplace:
         return x.masked_fill_(~mask, 0.0)
@@ -296,7 +291,7 @@ class _ClampedExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_ratio):
         low, high = torch.aminmax(log_ratio)  # NaN makes both NaN: not inside
-        ctx.inside = bool((low >= -LOG_RATIO_CLAMP) & (high <= LOG_RATIO_CLAMP))
+        ctx.inside = low.item() >= -LOG_RATIO_CLAMP and high.item() <= LOG_RATIO_CLAMP
         if ctx.inside:
             ratio = log_ratio.exp()
         else:
@@ -314,7 +309,7 @@ class _ClampedExp(torch.autograd.Function):
         return torch.where(kept, grad, 0.0)
 
 
-def aggregate(values, mask, agg):
+def aggregate(values, mask, agg, factor=None):
     """Aggregate a [B, T] matrix over the mask, in one of the four modes of `AGG_MODES`.
 
     - token-mean: Σ v·m / Σ m.
@@ -329,6 +324,10 @@ def aggregate(values, mask, agg):
     releases (0.4.1, 0.5.0) divided the total by T alone, which is ours times N.
     Pad to a fixed generation budget so that T, and with it the normaliser, stays constant
     during training.
+
+    factor: a constant (it takes no gradient) that multiplies the values, of their shape or
+    [B, 1]: the aggregate of values·factor with no [B, T] product made, and a gradient that
+    is one product (CISPO's and GPG's J_t = sg(weight)·log π, an importance weight).
     """
     try:  # values may broadcast against the mask ([B, 1] at sequence level)
         shape = broadcast_shape(values.shape, mask.shape)
@@ -336,9 +335,9 @@ def aggregate(values, mask, agg):
         shape = values.shape
     mask = check_mask(mask, shape)
     if agg == "token-mean":
-        return _MaskedSum.apply(values, mask, None) / mask_count(mask).clamp(min=1)
+        return _MaskedSum.apply(values, mask, None, factor) / mask_count(mask).clamp(min=1)
     lengths = row_counts(mask)
-    per_seq = _MaskedSum.apply(values, mask, -1)
+    per_seq = _MaskedSum.apply(values, mask, -1, factor)
     if agg == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
     elif agg == "seq-mean-token-sum-norm":
@@ -350,7 +349,7 @@ def aggregate(values, mask, agg):
 _SLICE = 2**18
 
 
-def _weighted_sum(values, weights, dim):
+def _weighted_sum(values, weights, dim, factor=None):
     """Σ values·weights over everything (dim None) or over the last dim, `weights` the 0/1 mask
     (float, or bool viewed as uint8). On the CPU the product is made a slice of rows at a time
     into one small buffer and summed there (torch's pairwise sum, as accurate as summing the
@@ -360,15 +359,19 @@ def _weighted_sum(values, weights, dim):
     rows = values.numel() // max(T, 1)
     step = max(1, _SLICE // max(T, 1))
     if values.shape != weights.shape or rows <= step or values.device.type != "cpu":
-        product = values * weights
+        product = values * weights if factor is None else values * weights * factor
         return product.sum() if dim is None else product.sum(dim)
     values, weights = values.reshape(rows, T), weights.reshape(rows, T)
+    if factor is not None:
+        factor = factor.reshape(rows, -1)
     buffer = values.new_empty(step, T)
     starts = range(0, rows, step)
     sums = values.new_empty(len(starts) if dim is None else rows)
     for i, start in enumerate(starts):
         stop = min(start + step, rows)
         product = torch.mul(values[start:stop], weights[start:stop], out=buffer[:stop - start])
+        if factor is not None:
+            product.mul_(factor[start:stop])
         if dim is None:
             torch.sum(product, (0, 1), out=sums[i])
         else:
@@ -377,39 +380,51 @@ def _weighted_sum(values, weights, dim):
 
 
 class _MaskedSum(torch.autograd.Function):
-    """Σ of `values` over the real tokens (all of them, or each row's with dim=-1); padding,
-    even NaN or ±inf, adds nothing and gets zero gradient. Its backward is the 0/1 mask times
-    the incoming gradient: cheaper on the CPU than the `where` that autograd would run for
-    torch.where(mask, values, 0).sum()."""
+    """Σ of `values` (times `factor`, a constant, when given) over the real tokens (all of them,
+    or each row's with dim=-1); padding, even NaN or ±inf, adds nothing and gets zero gradient.
+    Its backward is the 0/1 mask times the incoming gradient (and the factor): cheaper on the
+    CPU than the `where` that autograd would run for torch.where(mask, values, 0).sum()."""
 
     @staticmethod
-    def forward(ctx, values, mask, dim):
+    def forward(ctx, values, mask, dim, factor=None):
         given = given_weights(mask, values.dtype)  # kept for the backward: it costs no memory
-        ctx.save_for_backward(mask, given)
-        ctx.shape, ctx.dim = values.shape, dim
+        ctx.save_for_backward(mask, given, factor)
+        ctx.shape, ctx.dim, ctx.finite = values.shape, dim, False
         if values.device.type != "cpu":
-            cleaned = torch.where(mask, values, 0.0)
+            cleaned = torch.where(mask, values if factor is None else values * factor, 0.0)
             return cleaned.sum() if dim is None else cleaned.sum(dim)
         # on the CPU a product with the 0/1 weights is several times faster than `where`.
         # Padding adds v·0 = ±0, which leaves a sum that is finite and not 0 unchanged, bit for
-        # bit. A NaN or ±inf anywhere makes it non-finite, and a 0 could carry the other sign:
-        # then the padding is zeroed first and the same sum is taken again
+        # bit. A NaN or ±inf anywhere (in the factor too) makes it non-finite, and a 0 could
+        # carry the other sign: then the padding is zeroed first and the same sum is taken again
         weights = mask.view(torch.uint8) if given is None else given
-        out = _weighted_sum(values, weights, dim)
-        if bool((torch.isfinite(out) & (out != 0)).all()):
+        out = _weighted_sum(values, weights, dim, factor)
+        if out.dim():
+            ctx.finite = bool((torch.isfinite(out) & (out != 0)).all())
+        else:  # a Python number: no tensor ops to run
+            ctx.finite = math.isfinite(total := out.item()) and total != 0
+        if ctx.finite:
             return out
-        return _weighted_sum(torch.where(mask, values, 0.0), weights, dim)
+        product = values if factor is None else values * factor
+        return _weighted_sum(torch.where(mask, product, 0.0), weights, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        mask, given = ctx.saved_tensors
+        mask, given, factor = ctx.saved_tensors
         if ctx.dim is not None:
             grad = grad.unsqueeze(ctx.dim)
         # a bool mask viewed as uint8 multiplies as fast as a float one, with no cast
-        grad_values = grad * (mask.view(torch.uint8) if given is None else given)
+        weights = mask.view(torch.uint8) if given is None else given
+        scaled = grad if factor is None else grad * factor
+        if scaled is grad or scaled.shape != mask.shape:  # one product makes the [B, T] result
+            grad_values = scaled * weights
+        elif ctx.finite:  # our own product; the factor is finite on the padding (see forward)
+            grad_values = scaled.mul_(weights)
+        else:
+            grad_values = torch.where(mask, scaled, 0.0)
         if grad_values.shape != ctx.shape:  # values broadcast against the mask ([B, 1])
             grad_values = grad_values.sum_to_size(ctx.shape)
-        return grad_values, None, None
+        return grad_values, None, None, None
 
 
 def aggregation_weight(mask, agg):

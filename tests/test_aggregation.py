@@ -183,3 +183,49 @@ def test_strict_clamp_backward_is_where_and_zero_outside_even_for_nan():
         nx.strict_clamp(leaf, 0.7, 6.0).backward(g)
         assert torch.equal(leaf.grad, torch.where(inside, g, 0.0))
         assert leaf.grad[0] == 0
+
+
+@pytest.mark.parametrize("slice_size", [None, 8])
+def test_a_constant_factor_sums_and_differentiates_as_the_product(slice_size, monkeypatch):
+    """aggregate(v, mask, agg, factor=f) is aggregate(v·f, mask, agg) with f a constant, bit for
+    bit in value and gradient, for a [B, 1] and a [B, T] factor, every mode, bool and float
+    masks, with NaN, ±inf or any number in the padding of v and of f: padding gets a zero
+    gradient (no NaN) and f is never written. Negative controls: without the factor the value
+    differs, and the plain product of the padding is not finite in some trials (the fallback
+    acts)."""
+    from rlgates import _numerics as nx
+
+    if slice_size:
+        monkeypatch.setattr(nx, "_SLICE", slice_size)
+    gen = torch.Generator().manual_seed(5)
+    fallbacks = 0
+    for trial in range(96):
+        B = int(torch.randint(1, 13, (), generator=gen))
+        T = int(torch.randint(1, 7, (), generator=gen))
+        dtype = torch.float64 if trial % 3 else torch.float32
+        mask = torch.rand(B, T, generator=gen) < 0.7
+        mask[0, 0] = True  # a real token, so that the factor can matter
+        v = torch.randn(B, T, generator=gen, dtype=dtype)
+        f = torch.randn((B, 1) if trial % 2 else (B, T), generator=gen, dtype=dtype)
+        fill = (float("nan"), float("inf"), -0.0, 1e30)[trial % 4]
+        padded_v = torch.where(mask, v, fill)
+        padded_f = torch.where(mask, f, fill) if f.shape == mask.shape else f
+        kept = padded_f.clone()
+        clean_f = torch.where(mask, f, 0.0) if f.shape == mask.shape else f
+        for float_mask in (False, True):
+            m = mask.to(dtype) if float_mask else mask
+            for agg in rlgates.AGG_MODES:
+                leaf = padded_v.clone().requires_grad_(True)
+                got = rlgates.aggregate(leaf, m, agg, factor=padded_f)
+                got.backward()
+                plain = torch.where(mask, v, 0.0).requires_grad_(True)
+                want = rlgates.aggregate(plain * clean_f, m, agg)
+                want.backward()
+                assert torch.equal(got.detach(), want.detach())
+                assert torch.equal(leaf.grad, plain.grad)  # -0.0 == 0.0 on the padding
+                assert not leaf.grad[~mask].any() and torch.isfinite(leaf.grad).all()
+                assert torch.equal(padded_f.view(torch.uint8), kept.view(torch.uint8))
+                assert not torch.equal(got.detach(), rlgates.aggregate(plain, m, agg))
+        fallbacks += not bool(torch.isfinite(nx._weighted_sum(padded_v, mask.to(dtype), None,
+                                                              padded_f)))
+    assert fallbacks > 10

@@ -109,6 +109,9 @@ class Method:
     chapter: int | None = None
     #: the `SideInfo` fields the method reads beyond (ρ, A) (empty: a gate of (ρ, A) alone)
     side_inputs: tuple[str, ...] = ()
+    #: whether `loss` sums `objective_parts` (False when a class changes `token_objective`
+    #: and not them: `__init_subclass__`)
+    _by_parts = True
     # --- defaults -----------------------------------------------------------------------------
     defaults: dict = {}
     agg = "token-mean"  # the default aggregation of `loss`: the paper's convention
@@ -217,14 +220,28 @@ class Method:
         return []
 
     # --- the loss -------------------------------------------------------------------------------
-    def token_objective(self, logp, logp_old, adv, mask, *side):
-        """[B, T] objective J_t, differentiable in logp. Inputs already checked and lifted;
-        `side`: the completed SideInfo, for a method with side inputs only."""
+    def objective_parts(self, logp, logp_old, adv, mask, *side):
+        """J_t as (term, weight), J_t = term·weight: the term [B, T] differentiable in logp, the
+        weight a constant [B, 1|T] (here A; CISPO's sg(clip(ρ))·A with log π as the term).
+        `loss` sums term·weight with no [B, T] product, and the gradient takes one product of
+        the weight. Inputs already checked and lifted; `side`: the completed SideInfo, for a
+        method with side inputs only."""
         # Padding may hold NaN or ±inf: `aggregate` drops it from the value, and the log-ratio
         # clamp's backward sends it zero gradient (NaN fails the clamp's range test), so the
         # token path needs no masking pass of its own (tested).
         ratio = nx.ratio_from_log(logp - logp_old)
-        return self._weight(ratio, adv, *side) * adv
+        return self._weight(ratio, adv, *side), adv
+
+    def token_objective(self, logp, logp_old, adv, mask, *side):
+        """[B, T] objective J_t, differentiable in logp: term·weight of `objective_parts`."""
+        term, weight = self.objective_parts(logp, logp_old, adv, mask, *side)
+        return term * weight
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        defined = [next(i for i, c in enumerate(cls.__mro__) if name in vars(c))
+                   for name in ("token_objective", "objective_parts")]
+        cls._by_parts = defined[0] >= defined[1]  # token_objective is not newer than the parts
 
     def loss(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None, side=None):
         """Minus the aggregated objective: a scalar whose gradient flows into `logp` only.
@@ -239,10 +256,14 @@ class Method:
         agg = self.agg if agg is None else agg
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp, logp_old, adv, mask, agg)
         extra = self._batch_side(logp, logp_old, adv, mask, side)
+        if self._by_parts and is_weight is None:
+            term, weight = self.objective_parts(logp, logp_old, adv, mask, *extra)
+            return -nx.aggregate(term, mask, agg, factor=weight)
         objective = self.token_objective(logp, logp_old, adv, mask, *extra)
-        if is_weight is not None:
-            objective = objective * nx.check_is_weight(is_weight, mask, objective.dtype)
-        return -nx.aggregate(objective, mask, agg)
+        if is_weight is None:
+            return -nx.aggregate(objective, mask, agg)
+        w = nx.check_is_weight(is_weight, mask, objective.dtype)
+        return -nx.aggregate(objective, mask, agg, factor=w)
 
     def _batch_side(self, logp, logp_old, adv, mask, side):
         """() for a gate of (ρ, A); (the completed SideInfo,) for a method with side inputs."""

@@ -183,10 +183,10 @@ class GSPO(SignClip):
         "tiny ε."
     )
 
-    def token_objective(self, logp, logp_old, adv, mask):
+    def objective_parts(self, logp, logp_old, adv, mask):
         seq = nx.sequence_log_ratio(logp.detach(), logp_old, mask)
         log_s = logp - logp.detach() + seq[:, None]  # value log ρ_s, gradient ∇log π_t
-        return self._weight(nx.ratio_from_log(log_s), adv) * adv
+        return self._weight(nx.ratio_from_log(log_s), adv), adv
 
 
 @register

@@ -95,9 +95,10 @@ class DPPO(Method):
         # in place on the log-ratio, no longer needed: no [B, T] temporaries for ρ and min(ρ, c)
         return nx.ratio_from_log(log_ratio, out=log_ratio).clamp_(max=self.c).mul_(keep)
 
-    def token_objective(self, logp, logp_old, adv, mask, side):
-        """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is)."""
-        return self._keep(logp, logp_old, adv, mask, side).mul_(adv) * logp  # _keep's is fresh
+    def objective_parts(self, logp, logp_old, adv, mask, side):
+        """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is): the
+        term log π, the weight M·sg(min(ρ, c))·A."""
+        return logp, self._keep(logp, logp_old, adv, mask, side).mul_(adv)  # _keep's is fresh
 
     def grad_coefficient(self, logp, logp_old, adv, mask, side):
         """M·min(ρ, c)·A: the gradient flows through log π, so the ±20 clamp of log ρ only

@@ -85,10 +85,10 @@ class GMPO(SignClip):
         log_f = torch.log(self._weight(nx.ratio_from_log(log_ratio), adv))
         return log_f, log_f.sum(-1) / nx.row_counts(mask).clamp(min=1)
 
-    def token_objective(self, logp, logp_old, adv, mask):
+    def objective_parts(self, logp, logp_old, adv, mask):
         log_f, log_mean = self._log_weights(logp, logp_old, adv, mask)
         # value ρ̄·A_t; gradient ρ̄·A_t·∂log f_t, through token t's own log π only
-        return torch.exp(log_mean.detach()[:, None] + log_f - log_f.detach()) * adv
+        return torch.exp(log_mean.detach()[:, None] + log_f - log_f.detach()), adv
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """f'(ρ_t; A)·ρ̄·A: token t's own gate, the response's geometric mean ρ̄ (zero where the

@@ -138,10 +138,11 @@ class VESPO(Method):
     def _phi_seq(self, logp, logp_old, adv, mask):
         return _phi_log(self.log_w(logp, logp_old, mask), *_shape(adv, self.hparams))
 
-    def token_objective(self, logp, logp_old, adv, mask):
-        """VESPO's own J_t = sg(φ(w))·A·log π_t (the value differs from f·A; the gradient not).
-        Padding's log-ratio is masked to 0, so w stays finite; `aggregate` drops padding."""
-        return self._phi_seq(logp, logp_old, adv, mask) * adv * logp
+    def objective_parts(self, logp, logp_old, adv, mask):
+        """VESPO's own J_t = sg(φ(w))·A·log π_t (the value differs from f·A; the gradient not):
+        the term log π_t, the weight φ(w)·A. Padding's log-ratio is masked to 0, so w stays
+        finite; `aggregate` drops padding."""
+        return logp, self._phi_seq(logp, logp_old, adv, mask) * adv
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """φ(w)·A: the gradient flows through log π directly, so no clamp zeroes it."""

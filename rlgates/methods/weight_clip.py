@@ -88,15 +88,15 @@ class CISPO(Method):
     def _gate(self, ratio, adv):
         return (self.clipped(ratio) / ratio) * torch.ones_like(adv)
 
-    def token_objective(self, logp, logp_old, adv, mask):
-        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not).
+    def objective_parts(self, logp, logp_old, adv, mask):
+        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not):
+        the term log π, the weight sg(clip(ρ))·A, built in place in one [B, T] temporary.
 
         Padding may hold NaN: its log-ratio is masked to 0, so its weight is a finite 1, and
         `aggregate` gives it zero gradient and drops its value (tested)."""
-        # the weight takes no gradient: it is built in place in one [B, T] temporary
         weight = nx.token_log_ratio(logp.detach(), logp_old, mask)
         nx.ratio_from_log(weight, out=weight)
-        return self.clipped(weight, out=weight).mul_(adv) * logp
+        return logp, self.clipped(weight, out=weight).mul_(adv)
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """clip(ρ)·A. Unlike the clipped losses, the ±20 log-ratio clamp does not zero the
