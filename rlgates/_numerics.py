@@ -427,6 +427,26 @@ class _MaskedSum(torch.autograd.Function):
         return grad_values, None, None, None
 
 
+class _WithSlope(torch.autograd.Function):
+    """`value` (which takes no gradient itself) whose derivative in x is `slope`: a loss term whose
+    derivative is known in closed form and cheaper than autograd's graph of it (DRO's square)."""
+
+    @staticmethod
+    def forward(ctx, value, x, slope):
+        ctx.save_for_backward(slope)
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (slope,) = ctx.saved_tensors
+        return None, grad * slope, None
+
+
+def with_slope(value, x, slope):
+    """`value`, differentiable in x with derivative `slope` (elementwise): both constants."""
+    return _WithSlope.apply(value.detach(), x, slope.detach())
+
+
 def aggregation_weight(mask, agg):
     """The weight w_t with aggregate(v) = Σ_t w_t·v_t: the per-token factor in every gradient."""
     m = check_mask(mask, mask.shape).to(torch.float64)

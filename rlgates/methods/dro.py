@@ -87,10 +87,16 @@ class DRO(Method):
 
     def token_objective(self, logp, logp_old, adv, mask):
         """verl's J_t = A·log π − ½β(log ρ)² (its value differs from f·A by a constant)."""
-        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
+        log_ratio = nx.token_log_ratio(logp.detach(), logp_old, mask)
         # A·log π − ½β·(log ρ)² in one fused pass over the fresh product (fewer temporaries)
-        return (adv * logp).addcmul_(log_ratio, log_ratio, value=-0.5 * self.beta)
+        value = (adv * logp.detach()).addcmul_(log_ratio, log_ratio, value=-0.5 * self.beta)
+        # its derivative in log π, A − β·log ρ, made in place: no autograd graph of the square
+        return nx.with_slope(value, logp, self._slope(adv, log_ratio, out=log_ratio))
 
     def grad_coefficient(self, logp, logp_old, adv, mask):
         """A − β log ρ: the penalty's pull is there at A = 0 too (no log-ratio clamp)."""
-        return adv - self.beta * nx.token_log_ratio(logp, logp_old, mask)
+        return self._slope(adv, nx.token_log_ratio(logp, logp_old, mask))
+
+    def _slope(self, adv, log_ratio, out=None):
+        """∂J_t/∂log π_t = A − β·log ρ."""
+        return torch.add(adv, log_ratio, alpha=-self.beta, out=out)
