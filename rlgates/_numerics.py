@@ -327,7 +327,8 @@ def aggregate(values, mask, agg, factor=None):
 
     factor: a constant (it takes no gradient) that multiplies the values, of their shape or
     [B, 1]: the aggregate of values·factor with no [B, T] product made, and a gradient that
-    is one product (CISPO's and GPG's J_t = sg(weight)·log π, an importance weight).
+    is one product (a method's J_t as term·weight, `Method.objective_parts`; an importance
+    weight).
     """
     try:  # values may broadcast against the mask ([B, 1] at sequence level)
         shape = broadcast_shape(values.shape, mask.shape)

@@ -260,9 +260,7 @@ class Method:
             term, weight = self.objective_parts(logp, logp_old, adv, mask, *extra)
             return -nx.aggregate(term, mask, agg, factor=weight)
         objective = self.token_objective(logp, logp_old, adv, mask, *extra)
-        if is_weight is None:
-            return -nx.aggregate(objective, mask, agg)
-        w = nx.check_is_weight(is_weight, mask, objective.dtype)
+        w = None if is_weight is None else nx.check_is_weight(is_weight, mask, objective.dtype)
         return -nx.aggregate(objective, mask, agg, factor=w)
 
     def _batch_side(self, logp, logp_old, adv, mask, side):
