@@ -212,7 +212,7 @@ def opo_advantages(rewards, mask, group_size=None):
     weighs more in its group's baseline."""
     r = _grouped(rewards, group_size)
     m = _row_mask(mask, r.numel())
-    lengths = nx.row_counts(m).to(r.dtype).view_as(r)
+    lengths = m.sum(-1).to(r.dtype).view_as(r)
     # an all-empty group has no baseline to weight: verl divides 0 by 0 there (NaN); we use 0
     baseline = (lengths * r).sum(1, keepdim=True) / lengths.sum(1, keepdim=True).clamp(min=1)
     return _like_input(r - baseline, rewards)
@@ -418,7 +418,7 @@ def _otb_baseline(returns, weight, mask, group_size, handle_zero_tail, eps, lone
     m = mask.view(shape)
     g, w = (returns * mask).view(shape), (weight * mask).view(shape)
     baseline = ((g * w).sum(1) / (w.sum(1) + eps))[:, None, :].expand(shape).clone()
-    lengths = nx.row_counts(m)
+    lengths = m.sum(-1)
     if lone_row_alone:  # a response alone among empty ones has no baseline
         lone = (lengths > 0).sum(1, keepdim=True) == 1
         baseline = torch.where(lone[..., None], 0.0, baseline)
@@ -460,7 +460,7 @@ def optimal_token_baseline(rewards, mask, logp_old, sum_pi_squared, group_size, 
     else:  # each row's real tokens first, in order: position k is the k-th real token
         order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices
         rewards, w = rewards.gather(1, order), w.gather(1, order)
-        m = torch.arange(m.shape[1], device=m.device) < nx.row_counts(m)[:, None]
+        m = torch.arange(m.shape[1], device=m.device) < m.sum(-1)[:, None]
     returns = torch.where(m, rewards, 0.0).flip(-1).cumsum(-1).flip(-1)
     weight = torch.where(m, w, 0.0).cumsum(-1)
     baseline = _otb_baseline(returns, weight, m, group_size, handle_zero_tail, eps,

@@ -51,7 +51,7 @@ class CustomMethod(Method):
         if self.check_fn is not None:
             self.check_fn(**self.hparams)  # raises ValueError on a bad combination
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         shape = torch.broadcast_shapes(ratio.shape, adv.shape)
         f = type(self).weight_fn(ratio.expand(shape), adv.expand(shape), **self.hparams)
         f = torch.as_tensor(f, dtype=ratio.dtype, device=ratio.device)
@@ -60,7 +60,7 @@ class CustomMethod(Method):
                              f"shape {tuple(f.shape)} for inputs of shape {tuple(shape)}")
         return f
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         shape = torch.broadcast_shapes(ratio.shape, adv.shape)
         with torch.enable_grad():
             r = ratio.detach().expand(shape).clone().requires_grad_(True)

@@ -296,7 +296,7 @@ def test_the_sigmoid_forms_float32_gradient_is_exactly_zero_at_rho_25(monkeypatc
     gradient at ρ = 25 is exactly 0 while the closed form is not, so the test above would fail."""
     m = rlgates.get("sapo")
 
-    def sigmoid_form(ratio, adv):
+    def sigmoid_form(ratio, adv, side=None):
         tau = m._tau(adv)
         return 4 / tau * torch.sigmoid(tau * (ratio - 1))
 

@@ -297,10 +297,10 @@ def test_a_float_mask_with_negative_zeros_is_the_bool_mask():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_the_float_mask_check_is_the_plain_rule_on_any_bits(dtype):
-    """The float mask check (range, int8 cast, bool) accepts exactly the masks whose every value
-    is 0 or 1 (`(m == 0) | (m == 1)`), on random bit patterns (NaN, ±inf, subnormals, huge
-    values that an int8 cast would wrap to 1) and on the values next to 0 and 1."""
+def test_the_float_mask_check_accepts_exactly_zeros_and_ones_on_any_bits(dtype):
+    """The float mask check accepts exactly the masks whose every value is 0 or 1, on random
+    bit patterns (NaN, ±inf, subnormals, huge values that an int8 cast would wrap to 1) and on
+    the values next to 0 and 1; -0.0 counts as 0."""
     from rlgates import _numerics as nx
 
     bits = {torch.float32: torch.int32, torch.float64: torch.int64,
@@ -330,5 +330,4 @@ def test_the_float_mask_check_is_the_plain_rule_on_any_bits(dtype):
             continue
         assert plain, mask
         assert torch.equal(got, mask != 0)
-        assert int(nx.mask_count(got)) == int((mask != 0).sum())
     assert 100 < refused < 200  # the control: both kinds of mask were drawn

@@ -153,9 +153,9 @@ def test_cispo_value_differs_but_gradient_matches_the_f_form():
         a = logp.clone().requires_grad_(True)
         b = logp.clone().requires_grad_(True)
         cispo_form = m.loss(a, logp_old, adv, mask, agg)
-        term, weight = rlgates.Method.objective_parts(  # the base's parts: f(ρ)·A
+        f_objective = rlgates.Method.token_objective(  # the base's f(ρ)·A
             m, b, logp_old, adv[:, None].expand_as(b), mask)
-        f_form = -rlgates.aggregate(term * weight, mask, agg)
+        f_form = -rlgates.aggregate(f_objective, mask, agg)
         cispo_form.backward()
         f_form.backward()
         assert not torch.allclose(cispo_form, f_form)
@@ -222,42 +222,34 @@ def test_planes_and_figures(name):
 
 
 
-def test_the_loss_sums_the_objective_parts_as_the_token_objective():
-    """`loss` sums term·weight of `objective_parts` with no [B, T] product: for every method its
-    value and gradient equal the general path's (−aggregate of `token_objective`, the product)
-    bit for bit, in every mode, with a bool or a float mask and NaN in the padding. Negative
-    control: a subclass that changes token_objective and not the parts keeps its own objective
-    in `loss`."""
+def test_the_loss_is_minus_the_aggregated_token_objective():
+    """One loss path: for every method, `loss` equals −aggregate(token_objective) bit for bit in
+    value and gradient, in every mode, with a bool or a float mask and NaN (logp) and 1e9
+    (logp_old) in the padding, which gets zero gradient. Negative control: a subclass that
+    doubles `token_objective` doubles the loss."""
     logp, logp_old, adv, mask = make_batch(seed=4, scale=0.8)
     logp, logp_old = logp.masked_fill(~mask, float("nan")), logp_old.masked_fill(~mask, 1e9)
-    by_parts = 0
     for name in rlgates.names():
         m = rlgates.get(name)
-        by_parts += m._by_parts
         side = side_for(m, logp.shape)
         for mk in (mask, mask.double()):
             checked = nx.check_loss_inputs(logp, logp_old, adv, mk, m.agg)
-            extra = m._batch_side(*checked, side)
-            if m._by_parts:
-                term, weight = m.objective_parts(*checked, *extra)
-                assert torch.equal((term * weight)[mask],
-                                   m.token_objective(*checked, *extra)[mask])
+            completed = m.side_from_batch(*checked, side)
             for agg in rlgates.AGG_MODES:
                 a, b = (logp.clone().requires_grad_(True) for _ in range(2))
-                fast = m.loss(a, logp_old, adv, mk, agg, side=side)
-                general = -rlgates.aggregate(m.token_objective(b, *checked[1:], *extra), mk, agg)
-                fast.backward()
-                general.backward()
-                assert torch.equal(fast, general) and torch.isfinite(fast), (name, agg)
-                assert torch.equal(a.grad, b.grad), (name, agg)  # -0.0 == 0.0 on the padding
-    assert by_parts > len(rlgates.names()) // 2
+                loss = m.loss(a, logp_old, adv, mk, agg, side=side)
+                direct = -rlgates.aggregate(m.token_objective(b, *checked[1:], completed), mk, agg)
+                loss.backward()
+                direct.backward()
+                assert torch.equal(loss, direct) and torch.isfinite(loss), (name, agg)
+                assert torch.equal(a.grad, b.grad), (name, agg)
+                assert torch.equal(a.grad[~mask], torch.zeros_like(a.grad[~mask])), (name, agg)
 
     class Doubled(type(rlgates.get("cispo"))):
-        def token_objective(self, logp, logp_old, adv, mask):
-            return 2 * super().token_objective(logp, logp_old, adv, mask)
+        def token_objective(self, logp, logp_old, adv, mask, side=None):
+            return 2 * super().token_objective(logp, logp_old, adv, mask, side)
 
     doubled, base = Doubled(), rlgates.get("cispo")
-    assert base._by_parts and not doubled._by_parts
     lp, lo, a, mk = make_batch(seed=4)
     assert torch.allclose(doubled.loss(lp, lo, a, mk), 2 * base.loss(lp, lo, a, mk),
                           rtol=1e-15)

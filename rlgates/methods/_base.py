@@ -5,14 +5,17 @@ f'), defaults, default aggregation and its source, plot range, colour, slider ra
 explorer's JavaScript, and the trainers' flags. Decorate the class with `@register` where it is
 defined; every per-method table in the library, the book and the tests is derived from here.
 
-A method that reads more than (ρ, A) names the fields in `side_inputs` (see rlgates._side); its
-`_weight`, `_gate`, `token_objective` and `grad_coefficient` then take the completed
-`SideInfo` as one more, last argument. That is the whole extension: one class still suffices.
+Every elementwise function takes `side=None`: a method that reads more than (ρ, A) names the
+fields in `side_inputs` (see rlgates._side) and reads them from the completed `SideInfo` that
+`_weight`, `_gate`, `token_objective` and `grad_coefficient` receive; the others ignore it. One
+loss path: `loss` = −aggregate(token_objective·is_weight, mask, agg).
 """
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from .. import _numerics as nx
 from .. import _side
@@ -88,6 +91,11 @@ def _window(method):
     return 1 - h["eps_low"], 1 + h["eps_high"]
 
 
+def _shape(ratio, adv):
+    """The shape (ρ, A) broadcast to: every elementwise result has it."""
+    return torch.broadcast_shapes(ratio.shape, adv.shape)
+
+
 class Method:
     """Base class: a token objective J = f(ρ; A)·A and everything derived from it.
 
@@ -109,9 +117,6 @@ class Method:
     chapter: int | None = None
     #: the `SideInfo` fields the method reads beyond (ρ, A) (empty: a gate of (ρ, A) alone)
     side_inputs: tuple[str, ...] = ()
-    #: whether `loss` sums `objective_parts` (False when a class changes `token_objective`
-    #: and not them: `__init_subclass__`)
-    _by_parts = True
     # --- defaults -----------------------------------------------------------------------------
     defaults: dict = {}
     agg = "token-mean"  # the default aggregation of `loss`: the paper's convention
@@ -158,35 +163,42 @@ class Method:
     # --- the elementwise functions of (ρ, A), and of the side information if any -------------
     def weight(self, ratio, adv, side=None):
         """f(ρ; A): the weight whose product with A is the token objective."""
-        ratio, adv, extra = self._lift(ratio, adv, side)
-        return self._weight(ratio, adv, *extra)
+        ratio, adv, side = self._lift(ratio, adv, side)
+        return self._weight(ratio, adv, side).expand(_shape(ratio, adv))
 
     def gate(self, ratio, adv, side=None):
         """f'(ρ; A) = ∂f/∂ρ: how much of the shared term ρ·A·∇log π gets through. `side`: the
         fields in `side_inputs`, held fixed (a method without side inputs ignores it)."""
-        ratio, adv, extra = self._lift(ratio, adv, side)
-        return self._gate(ratio, adv, *extra)
+        ratio, adv, side = self._lift(ratio, adv, side)
+        return self._gate(ratio, adv, side).expand(_shape(ratio, adv))
 
     def signal(self, ratio, adv, side=None):
         """The learning signal f'(ρ; A)·ρ·A: the gradient's coefficient on ∇log π."""
-        ratio, adv, extra = self._lift(ratio, adv, side)
-        return self._gate(ratio, adv, *extra) * ratio * adv
+        ratio, adv, side = self._lift(ratio, adv, side)
+        return self._gate(ratio, adv, side) * ratio * adv
 
     def objective(self, ratio, adv, side=None):
         """The token objective J = f(ρ; A)·A."""
-        ratio, adv, extra = self._lift(ratio, adv, side)
-        return self._weight(ratio, adv, *extra) * adv
+        ratio, adv, side = self._lift(ratio, adv, side)
+        return self._weight(ratio, adv, side) * adv
+
+    def _weight(self, ratio, adv, side=None):
+        """f(ρ; A) on float tensors of one dtype (each method writes its own)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _weight")
+
+    def _gate(self, ratio, adv, side=None):
+        """f'(ρ; A), the closed form (each method writes its own)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no _gate")
 
     def _lift(self, ratio, adv, side=None):
-        """(ratio, adv, extra): the inputs as float tensors of one dtype, and `extra` the
-        arguments after them: () for a gate of (ρ, A), (side,) for a method with side inputs."""
+        """(ratio, adv, side): the inputs as float tensors of one dtype, and `side` checked
+        (None for a gate of (ρ, A) alone)."""
         ratio, adv = nx.as_float(ratio, "ratio"), nx.as_float(adv, "adv")
         dtype = nx.compute_dtype(ratio, adv)
         ratio, adv = ratio.to(dtype), adv.to(dtype)
         if not self.side_inputs:
-            return ratio, adv, ()
-        shape = nx.broadcast_shape(ratio.shape, adv.shape)
-        return ratio, adv, (self._require(_side.checked_side(side), ratio, shape),)
+            return ratio, adv, None
+        return ratio, adv, self._require(_side.checked_side(side), ratio, _shape(ratio, adv))
 
     def _require(self, side, like, shape):
         """`side` in `like`'s dtype, each field checked to broadcast to `shape`; a ValueError
@@ -202,7 +214,8 @@ class Method:
     def side_from_batch(self, logp, logp_old, adv, mask, side=None):
         """The `SideInfo` the loss of this batch reads (None for a gate of (ρ, A) alone): `side`
         completed with what the batch gives (`rlgates._side.from_batch`, then `_derive_side`),
-        checked against the batch's shape. Inputs as `check_loss_inputs` returns them."""
+        checked against the batch's shape. Inputs as `check_loss_inputs` returns them. The one
+        place where side inputs are completed."""
         if not self.side_inputs:
             return None
         side = _side.from_batch(_side.checked_side(side), logp, logp_old, adv, mask,
@@ -220,28 +233,12 @@ class Method:
         return []
 
     # --- the loss -------------------------------------------------------------------------------
-    def objective_parts(self, logp, logp_old, adv, mask, *side):
-        """J_t as (term, weight), J_t = term·weight: the term [B, T] differentiable in logp, the
-        weight a constant [B, 1|T] (here A; CISPO's sg(clip(ρ))·A with log π as the term).
-        `loss` sums term·weight with no [B, T] product, and the gradient takes one product of
-        the weight. Inputs already checked and lifted; `side`: the completed SideInfo, for a
-        method with side inputs only."""
-        # Padding may hold NaN or ±inf: `aggregate` drops it from the value, and the log-ratio
-        # clamp's backward sends it zero gradient (NaN fails the clamp's range test), so the
-        # token path needs no masking pass of its own (tested).
-        ratio = nx.ratio_from_log(logp - logp_old)
-        return self._weight(ratio, adv, *side), adv
-
-    def token_objective(self, logp, logp_old, adv, mask, *side):
-        """[B, T] objective J_t, differentiable in logp: term·weight of `objective_parts`."""
-        term, weight = self.objective_parts(logp, logp_old, adv, mask, *side)
-        return term * weight
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        defined = [next(i for i, c in enumerate(cls.__mro__) if name in vars(c))
-                   for name in ("token_objective", "objective_parts")]
-        cls._by_parts = defined[0] >= defined[1]  # token_objective is not newer than the parts
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
+        """[B, T] the objective J_t = f(ρ_t; A_t)·A_t, differentiable in logp. Inputs already
+        checked (`check_loss_inputs`); `side`: the completed SideInfo, or None. A loss that
+        trainers write in another form with the same gradient (CISPO, DRO) overrides this."""
+        ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))
+        return self._weight(ratio, adv, side) * adv
 
     def loss(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None, side=None):
         """Minus the aggregated objective: a scalar whose gradient flows into `logp` only.
@@ -255,28 +252,20 @@ class Method:
         """
         agg = self.agg if agg is None else agg
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp, logp_old, adv, mask, agg)
-        extra = self._batch_side(logp, logp_old, adv, mask, side)
-        if self._by_parts and is_weight is None:
-            term, weight = self.objective_parts(logp, logp_old, adv, mask, *extra)
-            return -nx.aggregate(term, mask, agg, factor=weight)
-        objective = self.token_objective(logp, logp_old, adv, mask, *extra)
-        w = None if is_weight is None else nx.check_is_weight(is_weight, mask, objective.dtype)
-        return -nx.aggregate(objective, mask, agg, factor=w)
+        side = self.side_from_batch(logp, logp_old, adv, mask, side)
+        objective = self.token_objective(logp, logp_old, adv, mask, side)
+        if is_weight is not None:
+            objective = objective * nx.check_is_weight(is_weight, mask, objective.dtype)
+        return -nx.aggregate(objective, mask, agg)
 
-    def _batch_side(self, logp, logp_old, adv, mask, side):
-        """() for a gate of (ρ, A); (the completed SideInfo,) for a method with side inputs."""
-        if not self.side_inputs:
-            return ()
-        return (self.side_from_batch(logp, logp_old, adv, mask, side),)
-
-    def grad_coefficient(self, logp, logp_old, adv, mask, *side):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """[B, T] f'(ρ; A)·ρ·A: the coefficient on ∇log π of each token (eq. 5). ρ is the ratio
         the gate sees (ρ_s for sequence-level methods); where the log-ratio clamp is active the
         gradient is zero. `side`: as in `token_objective`."""
         log_ratio = nx.gate_log_ratio(logp, logp_old, mask, self.level)
         inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP
         ratio = nx.ratio_from_log(log_ratio)
-        return self._gate(ratio, adv, *side) * ratio * adv * inside
+        return self._gate(ratio, adv, side) * ratio * adv * inside
 
     def expected_grad(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None,
                       side=None):
@@ -284,9 +273,9 @@ class Method:
         times `is_weight` when one is given; `side` as in `loss`."""
         agg = self.agg if agg is None else agg
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask, agg)
-        extra = self._batch_side(logp, logp_old, adv, mask, side)
+        side = self.side_from_batch(logp, logp_old, adv, mask, side)
         w = nx.aggregation_weight(mask, agg).to(logp.dtype)
-        grad = -self.grad_coefficient(logp, logp_old, adv, mask, *extra) * w
+        grad = -self.grad_coefficient(logp, logp_old, adv, mask, side) * w
         if is_weight is not None:
             grad = grad * nx.check_is_weight(is_weight, mask, grad.dtype)
         return grad
@@ -296,9 +285,9 @@ class Method:
         sequence level), with the side information completed from the batch as `loss` does."""
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask,
                                                          self.agg)
-        extra = self._batch_side(logp, logp_old, adv, mask, side)
+        side = self.side_from_batch(logp, logp_old, adv, mask, side)
         ratio = nx.ratio_from_log(nx.gate_log_ratio(logp, logp_old, mask, self.level))
-        return self._gate(ratio, adv, *extra).expand(logp.shape)
+        return self._gate(ratio, adv, side).expand(logp.shape)
 
     def __repr__(self):
         args = ", ".join(f"{k}={v:g}" for k, v in self.hparams.items())

@@ -35,7 +35,7 @@ class SignClip(Method):
     def _validate(self):
         self.low, self.high = _window(self)
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         # torch.where, not min/max or clamp: autograd's derivative at an edge is then exactly the
         # strict gate's 0 (the constant branch is selected there)
         pos = adv > 0
@@ -43,7 +43,7 @@ class SignClip(Method):
         edge = torch.where(pos, ratio.new_tensor(self.high), ratio.new_tensor(self.low))
         return torch.where(inside, ratio, edge)
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         open_pos = (adv > 0) & (ratio < self.high)
         open_neg = (adv < 0) & (ratio > self.low)
         return (open_pos | open_neg).to(ratio.dtype)
@@ -183,10 +183,10 @@ class GSPO(SignClip):
         "tiny ε."
     )
 
-    def objective_parts(self, logp, logp_old, adv, mask):
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
         seq = nx.sequence_log_ratio(logp.detach(), logp_old, mask)
         log_s = logp - logp.detach() + seq[:, None]  # value log ρ_s, gradient ∇log π_t
-        return self._weight(nx.ratio_from_log(log_s), adv), adv
+        return self._weight(nx.ratio_from_log(log_s), adv) * adv
 
 
 @register
@@ -234,14 +234,14 @@ class DualClip(PPO):
         self.hparams["c"] = _hparam(self.name, "c", self.hparams["c"], low=1, low_open=True)
         self.c = self.hparams["c"]
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         # torch.where with a constant branch, so that autograd's derivative at ρ = c is the gate's 0
         upper = torch.where(ratio < self.high, ratio, self.high)
         lower = torch.where(ratio > self.low, ratio, self.low)
         capped = torch.where(ratio < self.c, lower, self.c)
         return torch.where(adv > 0, upper, capped)
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         open_pos = (adv > 0) & (ratio < self.high)
         open_neg = (adv < 0) & (ratio > self.low) & (ratio < self.c)
         return (open_pos | open_neg).to(ratio.dtype)

@@ -134,10 +134,10 @@ class ClipCov(_CovPick, SignClip):
         picked[index[torch.sort(keys, stable=True).indices[:count]]] = True
         return picked.view_as(mask)
 
-    def _weight(self, ratio, adv, side):
+    def _weight(self, ratio, adv, side=None):
         return torch.where(side.picked, 0.0, SignClip._weight(self, ratio, adv))
 
-    def _gate(self, ratio, adv, side):
+    def _gate(self, ratio, adv, side=None):
         return torch.where(side.picked, 0.0, SignClip._gate(self, ratio, adv))
 
 
@@ -202,29 +202,23 @@ class KLCov(_CovPick):
         picked.view(-1)[index[top.indices]] = True
         return picked
 
-    def _weight(self, ratio, adv, side):
+    def _weight(self, ratio, adv, side=None):
         safe = torch.where(adv == 0, 1.0, adv)
         pulled = ratio - self.kl_coef * ratio.log().abs() / safe
         return torch.where(side.picked & (adv != 0), pulled, ratio)
 
-    def _gate(self, ratio, adv, side):
+    def _gate(self, ratio, adv, side=None):
         safe = torch.where(adv == 0, 1.0, adv)
         pulled = 1 - self.kl_coef * torch.sign(ratio.log()) / (ratio * safe)
         return torch.where(side.picked & (adv != 0), pulled, 1.0)
 
-    def token_objective(self, logp, logp_old, adv, mask, side):
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
         """verl's J_t = A·ρ − P_t·κ·|log ρ|, exact at A = 0 too."""
-        objective = adv * nx.ratio_from_log(logp - logp_old)
-        # the penalty on the picked tokens only (a few in ten thousand): no [B, T] pass for it
-        picked = side.picked.expand(objective.shape).reshape(-1).nonzero().squeeze(-1)
-        if not picked.numel():
-            return objective
-        log_ratio = logp.reshape(-1)[picked] - logp_old.reshape(-1)[picked]
+        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
         penalty = self.kl_coef * log_ratio.clamp(-nx.LOG_RATIO_CLAMP, nx.LOG_RATIO_CLAMP).abs()
-        flat = objective.view(-1)  # written in place: the product is fresh
-        return flat.index_put_((picked,), flat[picked] - penalty).view_as(objective)
+        return adv * nx.ratio_from_log(log_ratio) - torch.where(side.picked, penalty, 0.0)
 
-    def grad_coefficient(self, logp, logp_old, adv, mask, side):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """A·ρ − P_t·κ·sign(log ρ), zero where the ±20 clamp of log ρ is active."""
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)
         inside = log_ratio.abs() <= nx.LOG_RATIO_CLAMP

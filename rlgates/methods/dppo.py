@@ -77,30 +77,28 @@ class DPPO(Method):
         raise NotImplementedError
 
     # --- on the plane: π = ρ·π_old ----------------------------------------------------------
-    def _gate(self, ratio, adv, side):
+    def _gate(self, ratio, adv, side=None):
         keep = self.valid(ratio.log(), ratio * side.probs_old, side.probs_old, adv)
         return torch.clamp(self.c / ratio, max=1.0) * keep
 
-    def _weight(self, ratio, adv, side):
+    def _weight(self, ratio, adv, side=None):
         low, high = self.edges(side.probs_old)
         inside = torch.where(adv > 0, torch.minimum(ratio, high), torch.maximum(ratio, low))
-        return _truncated(inside, self.c) * torch.ones_like(adv)
+        return _truncated(inside, self.c)
 
     # --- the loss, as verl writes it -----------------------------------------------------------
     def _keep(self, logp, logp_old, adv, mask, side):
         """M·sg(min(ρ, c)) per token, no gradient; padding gets a finite value."""
-        logp = nx.zero_padded(logp.detach(), mask)  # a fresh copy
-        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
-        keep = self.valid(log_ratio, logp.exp_(), side.probs_old, adv)  # π in place on the copy
-        # in place on the log-ratio, no longer needed: no [B, T] temporaries for ρ and min(ρ, c)
-        return nx.ratio_from_log(log_ratio, out=log_ratio).clamp_(max=self.c).mul_(keep)
+        log_ratio = nx.token_log_ratio(logp.detach(), logp_old, mask)
+        prob = torch.where(mask, logp.detach(), 0.0).exp()
+        keep = self.valid(log_ratio, prob, side.probs_old, adv)
+        return nx.ratio_from_log(log_ratio).clamp(max=self.c) * keep
 
-    def objective_parts(self, logp, logp_old, adv, mask, side):
-        """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is): the
-        term log π, the weight M·sg(min(ρ, c))·A."""
-        return logp, self._keep(logp, logp_old, adv, mask, side).mul_(adv)  # _keep's is fresh
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
+        """verl's J_t = M·sg(min(ρ, c))·A·log π (its value is not f·A; its gradient is)."""
+        return self._keep(logp, logp_old, adv, mask, side) * adv * logp
 
-    def grad_coefficient(self, logp, logp_old, adv, mask, side):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """M·min(ρ, c)·A: the gradient flows through log π, so the ±20 clamp of log ρ only
         bounds the weight (as in CISPO)."""
         return self._keep(logp, logp_old, adv, mask, side) * adv
@@ -143,7 +141,7 @@ class DPPOTV(DPPO):
         high = torch.where(up, bound(self.hparams["delta_high"]), bound(math.inf))
         low = torch.where(up, bound(-math.inf), bound(-self.hparams["delta_low"]))
         moved = prob - prob_old
-        return (moved <= high).logical_and_(moved >= low)
+        return (moved <= high) & (moved >= low)
 
     def edges(self, prob_old):
         return (1 - self.hparams["delta_low"] / prob_old,

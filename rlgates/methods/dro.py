@@ -76,27 +76,20 @@ class DRO(Method):
         safe = torch.where(adv < 0, torch.clamp(adv, max=-tiny), torch.clamp(adv, min=tiny))
         return torch.where(adv == 0, torch.ones_like(adv), safe)
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         log_ratio = torch.log(ratio)
         f = 1 + log_ratio - self.beta * log_ratio.square() / (2 * self._nonzero(adv))
         return torch.where(adv == 0, 1 + log_ratio, f)  # f·A = 0 at A = 0, the convention
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         g = (1 - self.beta * torch.log(ratio) / self._nonzero(adv)) / ratio
         return torch.where(adv == 0, torch.zeros_like(g), g)
 
-    def token_objective(self, logp, logp_old, adv, mask):
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
         """verl's J_t = A·log π − ½β(log ρ)² (its value differs from f·A by a constant)."""
-        log_ratio = nx.token_log_ratio(logp.detach(), logp_old, mask)
-        # A·log π − ½β·(log ρ)² in one fused pass over the fresh product (fewer temporaries)
-        value = (adv * logp.detach()).addcmul_(log_ratio, log_ratio, value=-0.5 * self.beta)
-        # its derivative in log π, A − β·log ρ, made in place: no autograd graph of the square
-        return nx.with_slope(value, logp, self._slope(adv, log_ratio, out=log_ratio))
+        log_ratio = nx.token_log_ratio(logp, logp_old, mask)
+        return adv * logp - 0.5 * self.beta * log_ratio.square()
 
-    def grad_coefficient(self, logp, logp_old, adv, mask):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """A − β log ρ: the penalty's pull is there at A = 0 too (no log-ratio clamp)."""
-        return self._slope(adv, nx.token_log_ratio(logp, logp_old, mask))
-
-    def _slope(self, adv, log_ratio, out=None):
-        """∂J_t/∂log π_t = A − β·log ρ."""
-        return torch.add(adv, log_ratio, alpha=-self.beta, out=out)
+        return adv - self.beta * nx.token_log_ratio(logp, logp_old, mask)

@@ -83,14 +83,14 @@ class GMPO(SignClip):
         """([B, T] log f(ρ_t; A), [B] the response's mean of it, log ρ̄), f the sign-aware clip."""
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)  # 0 on padding: log f = 0 there
         log_f = torch.log(self._weight(nx.ratio_from_log(log_ratio), adv))
-        return log_f, log_f.sum(-1) / nx.row_counts(mask).clamp(min=1)
+        return log_f, log_f.sum(-1) / mask.sum(-1).clamp(min=1)
 
-    def objective_parts(self, logp, logp_old, adv, mask):
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
         log_f, log_mean = self._log_weights(logp, logp_old, adv, mask)
         # value ρ̄·A_t; gradient ρ̄·A_t·∂log f_t, through token t's own log π only
-        return torch.exp(log_mean.detach()[:, None] + log_f - log_f.detach()), adv
+        return torch.exp(log_mean.detach()[:, None] + log_f - log_f.detach()) * adv
 
-    def grad_coefficient(self, logp, logp_old, adv, mask):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """f'(ρ_t; A)·ρ̄·A: token t's own gate, the response's geometric mean ρ̄ (zero where the
         log-ratio clamp is active, as for every method)."""
         log_ratio = nx.token_log_ratio(logp, logp_old, mask)

@@ -53,7 +53,7 @@ class GPG(CISPO):
     def bounds(self):
         return []
 
-    def objective_parts(self, logp, logp_old, adv, mask):
-        """verl's J_t = A·log π: CISPO's weight sg(clip(ρ, 1, 1)) is 1, so the weight on log π is
-        A itself and ρ is never formed (verl's gpg does not read log π_old either)."""
-        return logp, adv
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
+        """verl's J_t = A·log π: CISPO's weight sg(clip(ρ, 1, 1)) is 1, so ρ is never formed
+        (verl's gpg does not read log π_old either)."""
+        return adv * logp

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import _numerics as nx
 from ._base import _hparam, register
 from .clip import DAPO
 
@@ -49,13 +48,13 @@ class _SideMask:
         g = super(_SideMask, self)._gate(ratio, adv)  # noqa: UP008
         return g if side is None else g * self._mask(ratio, adv, side)
 
-    def token_objective(self, logp, logp_old, adv, mask, side):
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
         # the base loss's own form (CISPO's carries log π), then the batch's mask: constant in
         # logp, so the gradient is the base's times the mask
         objective = super().token_objective(logp, logp_old, adv, mask)
         return objective * side.picked
 
-    def grad_coefficient(self, logp, logp_old, adv, mask, side):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         return super().grad_coefficient(logp, logp_old, adv, mask) * side.picked
 
 
@@ -80,11 +79,11 @@ class OffPolicyMask(_SideMask):
     def _derive_side(self, logp, logp_old, adv, mask, side):
         side = super()._derive_side(logp, logp_old, adv, mask, side)
         if side.sampler_logp is None:  # no rollout engine of its own: the sampler is π_old
-            side = side.replace(sampler_logp=nx.zero_padded(logp_old.detach(), mask))
+            side = side.replace(sampler_logp=torch.where(mask, logp_old.detach(), 0.0))
         if side.picked is not None:
             return side
         sampler = side.sampler_logp.to(logp.dtype).expand_as(logp)
-        kl = nx.zero_padded(sampler - logp.detach(), mask)
+        kl = torch.where(mask, sampler - logp.detach(), 0.0)
         mean_kl = kl.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         return side.replace(picked=mask & self._keep(adv, mean_kl))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import _numerics as nx
 from ._base import Method, register
 
 
@@ -31,9 +30,8 @@ class Reinforce(Method):
         "other gates are measured against."
     )
 
-    def _weight(self, ratio, adv):
-        return ratio.expand(nx.broadcast_shape(ratio.shape, adv.shape))  # a view: no pass
+    def _weight(self, ratio, adv, side=None):
+        return ratio
 
-    def _gate(self, ratio, adv):
-        return torch.ones(nx.broadcast_shape(ratio.shape, adv.shape), dtype=ratio.dtype,
-                          device=ratio.device)
+    def _gate(self, ratio, adv, side=None):
+        return torch.ones_like(ratio)

@@ -22,10 +22,8 @@ def _sech2_half(x):
     """sech²(x/2) = 4σ(x)(1−σ(x)), SAPO's gate at x = τ(ρ−1): the one place it is written.
 
     The cosh form stays ≤ 1 and keeps its relative precision far out (it underflows to 0 only
-    where cosh² overflows: |x| ≳ 89 in float32), where 4σ(1−σ) is 0 from |x| ≈ 17. In place on
-    the fresh x/2: two [B, T] temporaries fewer than cosh(x/2).pow(-2); autograd still
-    differentiates it."""
-    return (x / 2).cosh_().pow_(-2)
+    where cosh² overflows: |x| ≳ 89 in float32), where 4σ(1−σ) is 0 from |x| ≈ 17."""
+    return torch.cosh(x / 2).pow(-2)
 
 
 def _f(ratio, tau):
@@ -47,7 +45,7 @@ class _SmoothWeight(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return _sech2_half(x).mul_(grad), None  # autograd sums it to ρ's shape if broadcast
+        return _sech2_half(x) * grad, None  # autograd sums it to ρ's shape if broadcast
 
 
 @register
@@ -94,7 +92,7 @@ class SAPO(Method):
         h = self.hparams  # tensors of adv's dtype, so float64 stays exact
         return torch.where(adv > 0, adv.new_tensor(h["tau_pos"]), adv.new_tensor(h["tau_neg"]))
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         tau = self._tau(adv)
         if ratio.dtype == torch.float64:
             # float64 as before: autograd through σ, as the trainers do (rlgates.reference); it
@@ -102,5 +100,5 @@ class SAPO(Method):
             return _f(ratio, tau)[0]
         return _SmoothWeight.apply(ratio, tau)
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         return _sech2_half(self._tau(adv) * (ratio - 1))

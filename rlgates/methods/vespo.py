@@ -108,12 +108,12 @@ class VESPO(Method):
         for key in self.defaults:
             h[key] = _hparam(self.name, key, h[key], low=0, low_open=True)
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         k, lam = _shape(adv, self.hparams)
         scale = torch.exp(lam - k * torch.log(lam) + torch.lgamma(k))  # e^λ·λ^−k·Γ(k)
         return 1 + scale * (torch.special.gammainc(k, lam * ratio) - torch.special.gammainc(k, lam))
 
-    def _gate(self, ratio, adv):
+    def _gate(self, ratio, adv, side=None):
         return _phi_log(torch.log(ratio), *_shape(adv, self.hparams)) / ratio
 
     def phi(self, ratio, adv):
@@ -138,12 +138,11 @@ class VESPO(Method):
     def _phi_seq(self, logp, logp_old, adv, mask):
         return _phi_log(self.log_w(logp, logp_old, mask), *_shape(adv, self.hparams))
 
-    def objective_parts(self, logp, logp_old, adv, mask):
-        """VESPO's own J_t = sg(φ(w))·A·log π_t (the value differs from f·A; the gradient not):
-        the term log π_t, the weight φ(w)·A. Padding's log-ratio is masked to 0, so w stays
-        finite; `aggregate` drops padding."""
-        return logp, self._phi_seq(logp, logp_old, adv, mask) * adv
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
+        """VESPO's own J_t = sg(φ(w))·A·log π_t (the value differs from f·A; the gradient not).
+        Padding's log-ratio is masked to 0, so w stays finite; `aggregate` drops padding."""
+        return self._phi_seq(logp, logp_old, adv, mask) * adv * logp
 
-    def grad_coefficient(self, logp, logp_old, adv, mask):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """φ(w)·A: the gradient flows through log π directly, so no clamp zeroes it."""
         return self._phi_seq(logp, logp_old, adv, mask) * adv * torch.ones_like(logp)

@@ -71,34 +71,30 @@ class CISPO(Method):
         h["eps_high"] = _hparam(self.name, "eps_high", h["eps_high"], low=0)
         self.low, self.high = 1 - h["eps_low"], 1 + h["eps_high"]
 
-    def clipped(self, ratio, out=None):
-        """clip(ρ, 1−ε_l, 1+ε_h): the (stop-gradient) importance weight of CISPO's loss.
-        out: a tensor to write it into (ratio itself, when it is a temporary)."""
-        return torch.clamp(ratio, self.low, self.high, out=out)
+    def clipped(self, ratio):
+        """clip(ρ, 1−ε_l, 1+ε_h): the (stop-gradient) importance weight of CISPO's loss."""
+        return torch.clamp(ratio, self.low, self.high)
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         high = self.high * (1 + torch.log(ratio / self.high))
         f = torch.where(ratio > self.high, high, ratio)
         if self.low > 0:  # with no lower bound the middle branch reaches down to ρ = 0
             safe = torch.where(ratio < self.low, ratio, self.low)  # no log(0) in a dead branch
             low = self.low * (1 + torch.log(safe / self.low))
             f = torch.where(ratio < self.low, low, f)
-        return f * torch.ones_like(adv)
+        return f
 
-    def _gate(self, ratio, adv):
-        return (self.clipped(ratio) / ratio) * torch.ones_like(adv)
+    def _gate(self, ratio, adv, side=None):
+        return self.clipped(ratio) / ratio
 
-    def objective_parts(self, logp, logp_old, adv, mask):
-        """CISPO's own J_t = sg(clip(ρ))·A·log π (the value differs from f·A; the gradient not):
-        the term log π, the weight sg(clip(ρ))·A, built in place in one [B, T] temporary.
+    def token_objective(self, logp, logp_old, adv, mask, side=None):
+        """CISPO's own J_t = sg(clip(ρ))·A·log π, as trainers write it (the value differs from
+        f·A; the gradient not). Padding's log-ratio is masked to 0, so its weight is a finite 1,
+        and `aggregate` drops its value."""
+        ratio = nx.ratio_from_log(nx.token_log_ratio(logp.detach(), logp_old, mask))
+        return self.clipped(ratio) * adv * logp
 
-        Padding may hold NaN: its log-ratio is masked to 0, so its weight is a finite 1, and
-        `aggregate` gives it zero gradient and drops its value (tested)."""
-        weight = nx.token_log_ratio(logp.detach(), logp_old, mask)
-        nx.ratio_from_log(weight, out=weight)
-        return logp, self.clipped(weight, out=weight).mul_(adv)
-
-    def grad_coefficient(self, logp, logp_old, adv, mask):
+    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
         """clip(ρ)·A. Unlike the clipped losses, the ±20 log-ratio clamp does not zero the
         gradient here: it flows through log π directly, and the clamp only affects the weight."""
         ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))

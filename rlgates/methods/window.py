@@ -47,15 +47,12 @@ class SAO(Method):
     def _validate(self):
         self.low, self.high = _window(self)
 
-    def _weight(self, ratio, adv):
+    def _weight(self, ratio, adv, side=None):
         # not torch.clamp: its derivative is 1 at the edges, where the strict gate's is 0
-        f = nx.strict_clamp(ratio, self.low, self.high)
-        return f.expand(nx.broadcast_shape(f.shape, adv.shape))  # a view: no extra pass
+        return nx.strict_clamp(ratio, self.low, self.high)
 
-    def _gate(self, ratio, adv):
-        shape = nx.broadcast_shape(ratio.shape, adv.shape)
-        inside = (ratio > self.low) & (ratio < self.high)
-        return inside.to(ratio.dtype).expand(shape)
+    def _gate(self, ratio, adv, side=None):
+        return ((ratio > self.low) & (ratio < self.high)).to(ratio.dtype)
 
     def bounds(self):
         return [(self.high, 0)] + ([(self.low, 0)] if self.low > 0 else [])
