@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The project's commands (README):
 
+    python3 tasks.py test    set up, then lint and the unit tests: no browser, no engine runs, no
+                             book (a few minutes; the quick check after changing rlgates)
     python3 tasks.py book    set up, then build the book into _build/html (every notebook runs)
     python3 tasks.py check   set up, then run every check; exits non-zero on any failure
     python3 tasks.py lab     set up, then open JupyterLab on your copy of the reader notebooks
@@ -44,6 +46,10 @@ LAB_STAMP = VENV / ".jupyterlab"
 TEST_ENV = {"MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}  # for every test step and nbval
 LOGS = BUILD / "logs"                # the output of steps run in the background
 TIMINGS: list[tuple[str, float, int]] = []
+#: pytest's arguments for the unit tests, in `test` and `check`: no browser, no engine runs, and
+#: not the reader notebooks' tests, which need the built book
+UNIT_TESTS = ("-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
+              "--ignore", "tests/test_reader_notebooks.py", "-n", "auto")
 RUNNING: list[Background] = []      # background steps not yet finished
 START = time.perf_counter()
 
@@ -207,6 +213,14 @@ def book() -> None:
     print(f"\nbook built: {BOOK_HTML / 'index.html'}\nreader notebooks: {READER / 'chapters'}")
 
 
+def test() -> None:
+    setup()
+    sh("lint", BIN / "ruff", "check", ".")
+    sh("unit tests", PY, *UNIT_TESTS, env={**TEST_ENV, "RLGATES_REQUIRE_BOOK": "0"})
+    summary()
+    print("\nlint and unit tests passed (every check, book included: python3 tasks.py check)")
+
+
 def check() -> None:
     setup()
     # the browsers before any test: a missing one is said at once, not after minutes of tests
@@ -225,9 +239,7 @@ def check() -> None:
     # pytest's exit code 5 (no tests collected) is a failure here, like any non-zero code;
     # the reader notebooks' tests (the converter's and the built notebooks') run once, after
     # the book, below
-    sh("unit tests", PY, "-m", "pytest", "tests", "-q", "-m", "not browser and not engine",
-       "--ignore", "tests/test_reader_notebooks.py", "-n", "auto",
-       env={**env, "RLGATES_REQUIRE_BOOK": "0"})
+    sh("unit tests", PY, *UNIT_TESTS, env={**env, "RLGATES_REQUIRE_BOOK": "0"})
     execute_chapters()
     # TRL over many steps and verl's actor update, in one process and in two (torchrun): serial,
     # one torch thread each; the numbers land in _build/engines/ (trl_runs.py, verl_runs.py).
@@ -335,7 +347,7 @@ def lab(args: list[str] = ()) -> None:
 
 
 if __name__ == "__main__":
-    commands = {"book": book, "check": check, "lab": lab}
+    commands = {"test": test, "book": book, "check": check, "lab": lab}
     name, extra = (sys.argv[1] if len(sys.argv) > 1 else ""), sys.argv[2:]
     if extra[:1] == ["--"]:
         extra = extra[1:]

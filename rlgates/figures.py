@@ -233,36 +233,8 @@ class GatePanels:
         p = plane(method, self.adv_lim, self.lim, self.n, self.side)
         smax = self.signal_max or max(float(np.abs(p.signal).max()), 1e-12)
         signed_gate = np.sign(p.adv)[None, :] * p.gate
-        A, r = axis_symbols(method)
-        left, right = self.axes
         if not hasattr(self, "_images"):
-            # resampled as data, then coloured: with nearest it looks the same as the default
-            # (colour first; at most 1/255 apart) and draws about 4x faster, which a slider feels
-            kw = {"extent": p.extent, "origin": "lower", "aspect": "auto", "cmap": CMAP,
-                  "interpolation": "nearest", "interpolation_stage": "data",
-                  "animated": self.live}
-            self._images = (left.imshow(signed_gate, vmin=-1, vmax=1, **kw),
-                            right.imshow(p.signal, vmin=-smax, vmax=smax, **kw))
-            self.fig.colorbar(self._images[0], ax=left, shrink=0.9,
-                              label="gate f′, signed by A (red A>0, blue A<0)")
-            self.fig.colorbar(self._images[1], ax=right, shrink=0.9,
-                              label=f"learning signal f′·${r}$·${A}$")
-            from matplotlib.ticker import MaxNLocator
-
-            for ax in self.axes:
-                ax.xaxis.set_major_locator(MaxNLocator(5))
-                self._overlay += [ax.axvline(0, color="0.4", linewidth=0.6),
-                                  ax.axhline(0, color="0.4", linewidth=0.6),
-                                  *ax.spines.values()]
-                ax.set_xlabel(f"advantage ${A}$")
-            left.set_ylabel(rf"$\log {r}$")
-            left.set_title(f"gate f′(${r}$; ${A}$)")
-            right.set_title(f"learning signal f′·${r}$·${A}$")
-            # live, the title is the widget's text line above the image (rlgates.explore): it
-            # changes on every move, and drawing its glyphs would cost as much as a panel
-            self._title = None if self.live else self.fig.suptitle("", fontsize=10)
-            for artist in self._overlay:  # drawn on every move, after the images, not below them
-                artist.set_animated(self.live)
+            self._first_draw(method, p, signed_gate, smax)
         else:
             self._images[0].set_data(signed_gate)
             self._images[1].set_data(p.signal)
@@ -270,22 +242,58 @@ class GatePanels:
                 if tuple(im.get_extent()) != p.extent:  # only when the axis was resized
                     im.set_extent(p.extent)
             self._images[1].set_clim(-smax, smax)
-        bounds = _bound_lines(method, self.adv_lim)
-        lines = [] if bounds else half_gate_lines(p)  # traced once, for both panels
-        if not (self.live and self._move_edges(bounds, lines)):
-            for artist in self._moving:
-                artist.remove()
-            self._moving = []
-            for ax in self.axes:
-                n_lines, n_coll = len(ax.lines), len(ax.collections)
-                draw_edges(ax, method, self.adv_lim, p, lines=lines)
-                self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
-            for artist in self._moving:
-                artist.set_animated(self.live)
+        self._draw_edges(method, p)
         self.caption = f"{method.title}: {method!r}{side_caption(method, self.side)}"
         if self._title is not None:
             self._title.set_text(self.caption)
         return self
+
+    def _first_draw(self, method, p, signed_gate, smax):
+        """The images, colour bars, axes at 0, labels and titles: drawn once."""
+        from matplotlib.ticker import MaxNLocator
+
+        A, r = axis_symbols(method)
+        left, right = self.axes
+        # resampled as data, then coloured: with nearest it looks the same as the default
+        # (colour first; at most 1/255 apart) and draws about 4x faster, which a slider feels
+        kw = {"extent": p.extent, "origin": "lower", "aspect": "auto", "cmap": CMAP,
+              "interpolation": "nearest", "interpolation_stage": "data", "animated": self.live}
+        self._images = (left.imshow(signed_gate, vmin=-1, vmax=1, **kw),
+                        right.imshow(p.signal, vmin=-smax, vmax=smax, **kw))
+        self.fig.colorbar(self._images[0], ax=left, shrink=0.9,
+                          label="gate f′, signed by A (red A>0, blue A<0)")
+        self.fig.colorbar(self._images[1], ax=right, shrink=0.9,
+                          label=f"learning signal f′·${r}$·${A}$")
+        for ax in self.axes:
+            ax.xaxis.set_major_locator(MaxNLocator(5))
+            self._overlay += [ax.axvline(0, color="0.4", linewidth=0.6),
+                              ax.axhline(0, color="0.4", linewidth=0.6), *ax.spines.values()]
+            ax.set_xlabel(f"advantage ${A}$")
+        left.set_ylabel(rf"$\log {r}$")
+        left.set_title(f"gate f′(${r}$; ${A}$)")
+        right.set_title(f"learning signal f′·${r}$·${A}$")
+        # live, the title is the widget's text line above the image (rlgates.explore): it
+        # changes on every move, and drawing its glyphs would cost as much as a panel
+        self._title = None if self.live else self.fig.suptitle("", fontsize=10)
+        for artist in self._overlay:  # drawn on every move, after the images, not below them
+            artist.set_animated(self.live)
+
+    def _draw_edges(self, method, p):
+        """The gate's edges (hard bounds, or the lines where a smooth gate is ½) on both panels:
+        moved in place when live and their count is unchanged, else drawn anew."""
+        bounds = _bound_lines(method, self.adv_lim)
+        lines = [] if bounds else half_gate_lines(p)  # traced once, for both panels
+        if self.live and self._move_edges(bounds, lines):
+            return
+        for artist in self._moving:
+            artist.remove()
+        self._moving = []
+        for ax in self.axes:
+            n_lines, n_coll = len(ax.lines), len(ax.collections)
+            draw_edges(ax, method, self.adv_lim, p, lines=lines)
+            self._moving += list(ax.lines[n_lines:]) + list(ax.collections[n_coll:])
+        for artist in self._moving:
+            artist.set_animated(self.live)
 
     def _move_edges(self, bounds, lines) -> bool:
         """Give the edge artists of the last update their new places, when there are as many as

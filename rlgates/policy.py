@@ -61,17 +61,26 @@ class TinyPolicy(nn.Module):
         logp = torch.log_softmax(self.logits(prompt, response), dim=-1)
         return logp.gather(-1, response[..., None]).squeeze(-1)
 
+    def bos_prompt(self, batch):
+        """`batch` prompts of the start marker alone: [batch, 1] (what `log_probs` assumes when
+        it gets no prompt)."""
+        return torch.full((batch, 1), self.bos, dtype=torch.long, device=self.head.weight.device)
+
     @torch.no_grad()
-    def sample(self, batch, length, prompt=None, generator=None, temperature=1.0):
-        """Sample `batch` responses of `length` tokens; returns (tokens [B, T], logp [B, T])."""
-        dev = self.head.weight.device
-        if prompt is None:
-            prompt = torch.full((batch, 1), self.bos, dtype=torch.long, device=dev)
+    def sample(self, prompt, length, generators):
+        """Sample one response of `length` tokens per prompt row: prompt [B, P] → (tokens [B, T],
+        logp [B, T]).
+
+        The signature is `LabPolicy.sample`'s: `generators` holds one generator per run, and a
+        TinyPolicy is one run, so it is `[g]` (`[None]`: torch's global generator). Part I's
+        batches start from the start marker: `policy.sample(policy.bos_prompt(B), T, [g])`.
+        """
+        (generator,) = generators
         out, h = self.rnn(self.embed(prompt))
         last = out[:, -1]
         tokens, logps = [], []
         for _ in range(length):
-            logp = torch.log_softmax(self.head(last) / temperature, dim=-1)
+            logp = torch.log_softmax(self.head(last), dim=-1)
             tok = torch.multinomial(logp.exp(), 1, generator=generator)
             tokens.append(tok)
             logps.append(logp.gather(-1, tok))
@@ -101,7 +110,7 @@ def sample_groups(policy, prompts, group, length, generator=None):
     """
     from .advantages import group_advantages
 
-    tokens, logp = policy.sample(prompts * group, length, generator=generator)
+    tokens, logp = policy.sample(policy.bos_prompt(prompts * group), length, [generator])
     rewards = tail_reward(tokens, policy.vocab).view(prompts, group)
     return tokens, logp, rewards, group_advantages(rewards).flatten()
 
@@ -200,10 +209,11 @@ class LabPolicy(nn.Module):
     with its sampling temperature: the policy the lab samples from, scores and trains is then
     softmax(z / T), and the entropy it logs is that distribution's (T = 1: the logits themselves).
 
-    Its `sample(prompt, length, generators)` and `log_probs(response, prompt)` differ from
-    TinyPolicy's on purpose: every run draws from its own generator (so run r samples the same
-    tokens alone or batched) and every response has a prompt (the task's motif), where the GRU
-    demo policy of Part I samples one batch from one generator after a start marker.
+    Its `sample(prompt, length, generators)` and `log_probs(response, prompt)` take the same
+    arguments as TinyPolicy's, with a leading runs dimension: every run draws from its own
+    generator (so run r samples the same tokens alone or batched), and every response has a
+    prompt (the task's motif), where the GRU demo policy of Part I is one run whose prompt is
+    the start marker.
     """
 
     def __init__(self, seeds=(0,), vocab=16, hidden=32, length=8, motif=2, zipf=1.0,

@@ -81,7 +81,7 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 def _page_context(app, pagename, templatename, context, doctree):
     if pagename != EXPLORER_PAGE:
         return
-    from rlgates.explorer_data import explorer_json
+    from rlgates._book.explorer_data import explorer_json
 
     data = explorer_json().replace("</", "<\\/")
     app.add_css_file("explorer.css")
@@ -97,7 +97,7 @@ def explorer_role(name, rawtext, text, lineno, inliner, options=None, content=No
     """{explorer}`sapo` -> "open SAPO in the gate explorer", linking explorer.html#sapo."""
     method = text.strip()
     try:
-        from rlgates.explorer_data import explorer_methods, method_entry
+        from rlgates._book.explorer_data import explorer_methods, method_entry
 
         offered = explorer_methods()
     except Exception as err:  # pragma: no cover - rlgates is installed with the book

@@ -58,7 +58,8 @@ def test_demo_size_grows_on_an_accelerator():
 def test_tiny_policy_sampled_logp_matches_its_log_probs():
     torch.manual_seed(0)
     policy = rlgates.TinyPolicy(vocab=16, hidden=8)
-    tokens, logp = policy.sample(5, 7, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    tokens, logp = policy.sample(policy.bos_prompt(5), 7, [g])
     assert tokens.shape == (5, 7) and tokens.max() < 16
     assert torch.allclose(policy.log_probs(tokens), logp, atol=1e-6)
     old = policy.snapshot()

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rlgates import advantages as ra
+from rlgates._book import facts
 from rlgates._numerics import ragged_mask
-from rlgates.trainers import facts
 
 # Under xdist one worker runs this group (pyproject.toml: --dist loadgroup): verl is imported once.
 pytestmark = pytest.mark.xdist_group("trainers")

@@ -1,4 +1,4 @@
-"""rlgates.capture on tiny stock TRL GRPOTrainer runs (tests/trl_run.py: 2 optimiser steps of
+"""rlgates.inspect.capture on tiny stock TRL GRPOTrainer runs (tests/trl_run.py: 2 optimiser steps of
 2 micro-batches each): the captured tokens rebuild the loss the trainer computed, samples are
 bounded and exact, the capture changes nothing in the run, ρ ≡ 1 at num_iterations=1, and `load`
 refuses what is not a capture it can read."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rlgates
-from rlgates.capture import SCHEMA_VERSION, capture, load
+from rlgates.inspect.capture import SCHEMA_VERSION, capture, load
 
 # Under xdist one worker runs this group (pyproject.toml: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("trainers")

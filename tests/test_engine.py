@@ -9,8 +9,8 @@ import torch
 
 from rlgates import LabPolicy, engine
 from rlgates import offpolicy as op
+from rlgates._book import facts
 from rlgates.lab.task import PatternTask
-from rlgates.trainers import facts
 
 VOCAB, HIDDEN, LENGTH, BATCH = 16, 32, 8, 64
 

@@ -110,8 +110,8 @@ def test_the_value_clipping_entries_say_what_verl_and_the_library_do():
     names verl's metric and the lab's, and the policy's clip fraction points to it."""
     import inspect
 
+    from rlgates._book import facts
     from rlgates.lab.critic import CRITIC_METRICS as critic_docs
-    from rlgates.trainers import facts
 
     entries = glossary_entries()
     clipping, fraction = entries["value clipping"], entries["value clip fraction"]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import rlgates
-from rlgates.capture import SCHEMA_VERSION, load
 from rlgates.inspect import detectors, inspect_run, synthetic
+from rlgates.inspect.capture import SCHEMA_VERSION, load
 from rlgates.inspect.cli import main
 from rlgates.inspect.stats import method_for, step_numbers, step_rows
 
@@ -87,8 +87,74 @@ def test_gate_read_from_the_trainers_flags(name):
     torch.testing.assert_close(got.gate(ratio, adv), m.gate(ratio, adv), rtol=1e-12, atol=0)
     # negative control: another clip gives another gate
     assert not torch.equal(rlgates.get("ppo", eps=0.1).gate(ratio, adv), m.gate(ratio, adv))
-    unknown = method_for({"loss_type": "someday"})
-    assert unknown[0].name == "dapo" and "no rlgates gate" in unknown[2]
+
+
+def _conformance_rows():
+    from rlgates.trainers import conformance
+
+    return conformance.matrix()
+
+
+@pytest.mark.parametrize("row", _conformance_rows(),
+                         ids=lambda r: f"{r.trainer}-{r.name}-{r.method}")
+def test_every_conformance_row_is_read_back_from_its_settings(row):
+    """The lookup is the conformance matrix read backwards: a row's settings give the row's
+    method at the row's hyperparameters, with nothing assumed."""
+    got, agg, note = method_for({"trainer": row.trainer, **row.settings})
+    assert (got.name, agg, note) == (row.method, row.agg, "")
+    assert got.hparams == pytest.approx(row.hparams, rel=1e-12)
+
+
+def test_a_setting_without_a_method_says_so():
+    """An unknown loss is "no method", never another method's gate (the negative control)."""
+    for settings in ({"loss_type": "someday"}, {"trainer": "verl", "loss_mode": "someday"},
+                     {"trainer": "verl", "loss_mode": "rlgates_never_registered"},
+                     # two of TRL's knobs at once: no one method, and not plain dapo
+                     {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28,
+                      "off_policy_mask_threshold": 0.5, "top_entropy_quantile": 0.2}):
+        method, _, note = method_for(settings)
+        assert method is None and "no " in note, settings
+    # a capture's verl settings: loss_mode and clip_ratio unprefixed, "inf" as JSON writes it
+    verl = {"trainer": "verl", "loss_mode": "vanilla", "clip_ratio": 0.2, "clip_ratio_low": None,
+            "clip_ratio_high": 0.28, "clip_ratio_c": "inf", "loss_agg_mode": "token-mean"}
+    m, agg, note = method_for(verl)
+    assert (m.name, m.hparams, agg, note) == ("dapo", {"eps_low": 0.2, "eps_high": 0.28},
+                                              "token-mean", "")
+    m, _, _ = method_for({**verl, "clip_ratio_c": 3.0})  # verl's default: its dual clip
+    assert (m.name, m.hparams) == ("dapo_dual_clip", {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0})
+    m, agg, note = method_for({"trainer": "verl", "loss_mode": "rlgates_vespo"})
+    assert m.name == "vespo" and "default" in note
+    # TRL's vespo, at a k of its own; a TRL clip aggregated another way is the same gate
+    m, agg, _ = method_for({**rlgates.trainers.flags(rlgates.get("vespo", k_pos=1.5))["trl"]})
+    assert (m.name, m.hparams["k_pos"], agg) == ("vespo", 1.5, "token-mean")
+    m, agg, _ = method_for({"loss_type": "bnpo", "epsilon": 3e-4, "epsilon_high": 4e-4,
+                            "importance_sampling_level": "sequence"})
+    assert (m.name, agg) == ("gspo", "token-mean")
+
+
+def test_the_trl_setting_defaults_are_grpoconfigs():
+    """conformance_trl.SETTING_DEFAULTS (a knob at its default is off) against TRL itself."""
+    trl = pytest.importorskip("trl")
+    from rlgates.trainers.conformance_trl import SETTING_DEFAULTS
+
+    fields = trl.GRPOConfig.__dataclass_fields__
+    assert {k: fields[k].default for k in SETTING_DEFAULTS} == SETTING_DEFAULTS
+
+
+def test_a_capture_without_a_method_is_reported_without_a_gate(tmp_path, capsys):
+    path = synthetic.write(tmp_path / "cap", steps=2, rows=8, length=6)
+    for f in sorted(Path(path).glob("*.npz")):  # the same capture under a loss type we lack
+        data = dict(np.load(f, allow_pickle=False))
+        data["settings"] = np.asarray(json.dumps({**json.loads(str(data["settings"])),
+                                                  "loss_type": "someday"}))
+        np.savez(f, **data)
+    res = inspect_run(path)
+    assert np.isnan(res.numbers["gate_mean"]).all() and np.isfinite(res.numbers["approx_kl"]).all()
+    assert main([str(path), "--out", str(tmp_path / "out"), "-q"]) in (0, 1)
+    printed = capsys.readouterr().out
+    assert "no method: TRL loss_type 'someday'" in printed
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["gate"]["method"] is None
 
 
 def test_cli_exit_status_report_and_summary(captures, tmp_path, capsys):

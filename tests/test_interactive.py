@@ -11,8 +11,9 @@ import pytest
 matplotlib.use("Agg")
 
 import rlgates  # noqa: E402
+from rlgates._book.png import figure_png, smallest_text_pt  # noqa: E402
 from rlgates.interactive import LIVE_SCALE, axis_lim  # noqa: E402
-from rlgates.notebook import IMAGE_SCALE, figure_png, smallest_text_pt  # noqa: E402
+from rlgates.notebook import IMAGE_SCALE  # noqa: E402
 
 pytest.importorskip("ipywidgets")
 
@@ -67,10 +68,10 @@ def test_figure_png_records_size_and_smallest_text():
     ax.plot([0, 1], label="line")
     ax.legend(fontsize=7)
     assert smallest_text_pt(fig) == 7
-    data, meta = figure_png(fig)
+    data, meta = figure_png(fig, IMAGE_SCALE)
     plt.close(fig)
     im = Image.open(io.BytesIO(data))
-    assert im.mode == "P"  # a palette PNG (rlgates.notebook.PNG_COLOURS)
+    assert im.mode == "P"  # a palette PNG (rlgates._book.png.PNG_COLOURS)
     assert im.convert("RGB").getpixel((0, 0)) == (255, 255, 255)  # the white face stays white
     assert im.text["rlgates:min-font-pt"] == "7"
     assert float(im.text["rlgates:px-per-inch"]) == pytest.approx(100 * IMAGE_SCALE)

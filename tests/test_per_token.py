@@ -18,7 +18,7 @@ import torch
 
 import rlgates
 from rlgates import advantages as ra
-from rlgates.trainers import facts
+from rlgates._book import facts
 
 pytestmark = pytest.mark.xdist_group("trainers")  # one worker imports TRL and verl
 

@@ -26,9 +26,9 @@ def test_plane_is_computed_on_one_torch_thread(monkeypatch):
     method = rlgates.get("sapo")
     seen, gate = [], type(method)._gate
 
-    def counting_gate(self, ratio, adv):
+    def counting_gate(self, ratio, adv, side=None):
         seen.append(torch.get_num_threads())
-        return gate(self, ratio, adv)
+        return gate(self, ratio, adv, side)
 
     monkeypatch.setattr(type(method), "_gate", counting_gate)
     threads = torch.get_num_threads()

@@ -40,7 +40,7 @@ def test_chapter_14_runs_without_the_trainers(tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
     # the kernel sees no trainer: a module set to None in sys.modules cannot be imported, and
-    # importlib.util.find_spec (rlgates.trainers.facts.installed) returns None for it
+    # importlib.util.find_spec (rlgates._book.facts.installed) returns None for it
     startup = tmp_path / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-no-trainers.py").write_text(

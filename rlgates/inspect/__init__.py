@@ -1,5 +1,5 @@
-"""`rlgates inspect`: read a capture of your own run (`rlgates.capture`), compute every atlas
-diagnostic under the trainer's names, flag the failure modes it can detect, and write an
+"""`rlgates inspect`: read a capture of your own run (`rlgates.inspect.capture`), compute every
+atlas diagnostic under the trainer's names, flag the failure modes it can detect, and write an
 offline HTML report and a JSON summary.
 
     python -m rlgates inspect RUN            # RUN: a capture directory (or one step file)
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..capture import Run, load
+from .capture import Run, load
 from .detectors import DETECTORS, HEALTHY, Finding, detect
 from .stats import method_for, run_numbers
 
@@ -35,7 +35,8 @@ class Inspection:
 
 
 def inspect_run(run, progress=None) -> Inspection:
-    """Inspect a capture: `run` a path (loaded with `rlgates.capture.load`) or a loaded Run."""
+    """Inspect a capture: `run` a path (loaded with `rlgates.inspect.capture.load`) or a loaded
+    Run."""
     run = load(run) if not isinstance(run, Run) else run
     numbers = run_numbers(run, progress)
     return Inspection(run, numbers, detect(numbers, run.settings))

@@ -24,7 +24,7 @@ PROGRESS_TOKENS = 200_000
 def parser():
     p = argparse.ArgumentParser(
         prog="python -m rlgates inspect",
-        description="Inspect a capture of a training run (rlgates.capture): every atlas\n"
+        description="Inspect a capture of a training run (rlgates.inspect.capture): every atlas\n"
         "diagnostic under the trainer's names, the failure modes the book's atlas explains,\n"
         "and an offline HTML report with a JSON summary.",
         epilog="Each finding names the book's sections that explain it: the atlas (chapter 17)\n"
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
 
 
 def _inspect(args) -> int:
-    from ..capture import load
     from . import detect, report, run_numbers
+    from .capture import load
 
     try:
         run = load(args.run)
@@ -117,6 +117,8 @@ def _inspect(args) -> int:
         (out / "report.html").write_text(report.html(run, numbers, findings, steps,
                                                      source=str(src)), encoding="utf-8")
     fired = [f for f in findings if f.fired]
+    if summary["gate"]["method"] is None:  # said even with --quiet: every gate number is NaN
+        print(f"no method: {summary['gate']['note']}")
     if not args.quiet or fired:
         for f in fired:
             print(f"FINDING {f.name}: {f.message}\n  read: {f.atlas}")

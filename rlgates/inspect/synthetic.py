@@ -1,4 +1,4 @@
-"""A synthetic capture in the file format of `rlgates.capture` (schema 1), with no trainer:
+"""A synthetic capture in the file format of `rlgates.inspect.capture` (schema 1), with no trainer:
 for tests of the reader and the report, and to time `inspect` on a large capture.
 
     synthetic.write(path, steps=10, rows=64, length=32)   # a healthy-looking DAPO run
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import get
-from ..capture import FORMAT, SCHEMA_VERSION
+from .capture import FORMAT, SCHEMA_VERSION
 
 SETTINGS = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None,
             "beta": 0.0, "importance_sampling_level": "token", "num_iterations": 2,

@@ -1,7 +1,7 @@
 /* The gate explorer: gate and learning signal of one method on the (A, log ρ) plane, redrawn in
  * the browser as its hyperparameters move. No kernel, no network.
  *
- * Everything comes from rlgates at build time (rlgates/explorer_data.py -> window.RLGATES_EXPLORER):
+ * Everything comes from rlgates at build time (rlgates/_book/explorer_data.py -> window.RLGATES_EXPLORER):
  * methods, defaults, slider ranges, axis limits, colour map, and each method's gate as JavaScript
  * (`Method.explorer`: {"gate": expression in r = ρ, a = A and p = hyperparameters, "bounds":
  * expression giving [[ratio, side], ...], side +1 for A > 0, -1 for A < 0, 0 for both}).

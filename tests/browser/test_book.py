@@ -18,7 +18,7 @@ from bookserver import LOCAL_HOSTS, Offline
 from crawl import DESKTOP, open_page
 
 import rlgates
-from rlgates.explorer_data import colormap, explorer_methods
+from rlgates._book.explorer_data import colormap, explorer_methods
 
 pytestmark = pytest.mark.browser
 
@@ -141,7 +141,7 @@ def test_chapters_offer_ipynb_download_and_launch_buttons(crawl):
 def _points(name: str, rng: random.Random, n_params: int = 12, n_points: int = 40):
     """Random hyperparameters in the sliders' ranges, and (ρ, A) points that include each clip
     bound exactly and its floating-point neighbours, with rlgates' gate and signal there."""
-    from rlgates.explorer_data import method_entry
+    from rlgates._book.explorer_data import method_entry
 
     entry = method_entry(name)
     cases = [{p["key"]: p["default"] for p in entry["params"]}]
@@ -341,7 +341,7 @@ def test_screenshots_phone_and_dark(themed):
 
 # ---- the explorer's readout, ticks, half-gate line, fine slider ------------------------------
 def _param(name: str, key: str) -> dict:
-    from rlgates.explorer_data import method_entry
+    from rlgates._book.explorer_data import method_entry
 
     return next(p for p in method_entry(name)["params"] if p["key"] == key)
 

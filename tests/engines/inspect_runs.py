@@ -73,7 +73,7 @@ RUNS = (*TRAINED, *INJECTED)
 def train(name, out: Path, seed: int):
     from trl import GRPOTrainer
 
-    from rlgates.capture import capture
+    from rlgates.inspect.capture import capture
     from tests.trl_run import DATA, config, tiny_model, tiny_tokenizer
 
     cfg, reward = TRAINED[name]

@@ -1,4 +1,4 @@
-"""verl 0.9.1's real actor update, captured with rlgates.capture_verl, for `rlgates inspect`.
+"""verl 0.9.1's real actor update, captured with rlgates.inspect.capture_verl, for `rlgates inspect`.
 
     python tests/engines/inspect_verl_run.py OUT_DIR
 
@@ -39,7 +39,7 @@ def main():
     rv.patch_environment()
     from verl.utils import tensordict_utils as tu
 
-    from rlgates.capture_verl import capture_verl
+    from rlgates.inspect.capture_verl import capture_verl
 
     with tempfile.TemporaryDirectory() as tmp:
         w = vc.worker(vc.tiny_model_dir(os.path.join(tmp, "model")), lr=vr.LR, clip_grad=1e9)

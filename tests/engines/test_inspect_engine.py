@@ -1,5 +1,5 @@
 """`rlgates inspect` on real runs with known faults: tiny stock TRL GRPOTrainer runs captured with
-rlgates.capture, one knob per fault (tests/engines/inspect_runs.py, seed 0; its thresholds were
+rlgates.inspect.capture, one knob per fault (tests/engines/inspect_runs.py, seed 0; its thresholds were
 set on seeds 1 to 3), plus captures injected into a copy of the healthy one (sampler log-probs:
 TRL has them with vLLM only, far from π_old and, as a negative control, close to it; a large
 negative advantage). Every detector runs on
@@ -141,7 +141,7 @@ def test_verl_capture_through_the_loss_hook(verl_dump):
     verl's global token count; inspect reads the capture like a TRL one."""
     import numpy as np
 
-    from rlgates.capture import load
+    from rlgates.inspect.capture import load
 
     facts = json.loads((verl_dump / "facts.json").read_text())
     run = load(verl_dump / "capture")

@@ -13,8 +13,8 @@ import json
 
 import numpy as np
 
-from .figures import CMAP, axis_symbols, default_lim
-from .methods import REGISTRY, get, names
+from ..figures import CMAP, axis_symbols, default_lim
+from ..methods import REGISTRY, get, names
 
 
 def explorer_methods() -> list[str]:

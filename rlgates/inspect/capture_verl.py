@@ -1,7 +1,7 @@
 """Capture what verl 0.9.1's actor update feeds its loss, into the file format of
-`rlgates.capture` (schema 1), for `python -m rlgates inspect`.
+`rlgates.inspect.capture` (schema 1), for `python -m rlgates inspect`.
 
-    from rlgates.capture_verl import capture_verl
+    from rlgates.inspect.capture_verl import capture_verl
     handle = capture_verl(worker, actor_config, "run.capture")   # worker: a TrainingWorker
     worker.train_mini_batch(batch)                                # as many as you like
     handle.close()
@@ -19,7 +19,7 @@ installs, through `set_loss_fn`, a wrapper of `ppo_loss` itself (or of the loss 
 wraps the engine's `optimizer_step` to know where an optimiser step ends. Everything is read
 detached, after the loss returns; the loss and its gradient are unchanged.
 
-What it records per optimiser step: the tokens as in `rlgates.capture` (log π, log π_old,
+What it records per optimiser step: the tokens as in `rlgates.inspect.capture` (log π, log π_old,
 `logp_sampler` = the rollout's "rollout_log_probs" where the batch holds them, `logp_ref` =
 "ref_log_prob", the entropy where the engine computed it, A, the mask; reservoir-sampled);
 per micro-batch the returned loss, its token count, rows, padded length, and verl's global

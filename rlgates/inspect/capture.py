@@ -1,6 +1,6 @@
 """Capture what a stock TRL `GRPOTrainer` feeds its policy loss, token by token, to inspect later.
 
-    from rlgates.capture import capture, load
+    from rlgates.inspect.capture import capture, load
     with capture(trainer, "run.capture"):      # or: handle = capture(...); ...; handle.close()
         trainer.train()
     run = load("run.capture")                  # run.settings, run.tokens, run.micro, run.sequences
@@ -58,8 +58,8 @@ that loads with `numpy.load(f, allow_pickle=False)`: every entry is a numeric or
 `step` column; it refuses a corrupt file, a foreign file and a newer schema with a ValueError of
 one line each.
 
-verl (0.9.1): `rlgates.capture_verl.capture_verl` writes this format from verl's actor update.
-A wrapper of a registered loss would not do: `verl.workers.utils.losses.ppo_loss(config,
+verl (0.9.1): `rlgates.inspect.capture_verl.capture_verl` writes this format from verl's actor
+update. A wrapper of a registered loss would not do: `verl.workers.utils.losses.ppo_loss(config,
 model_output, data)` calls the registered policy loss (`core_algos.get_policy_loss_fn(loss_mode)`)
 with keywords `old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights`, so such a wrapper sees log π, log π_old, A, the mask, the aggregation and
@@ -117,7 +117,7 @@ def trainer_settings(trainer) -> dict:
     import transformers
     import trl
 
-    from .trainers.trl import TRL_AGG
+    from ..trainers.trl import TRL_AGG
 
     args = trainer.args
     out = {k: _jsonable(getattr(args, k, None)) for k in SETTINGS}
