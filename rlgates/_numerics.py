@@ -39,7 +39,8 @@ def as_float(x, name: str) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def check_loss_inputs(logp, logp_old, adv, mask, agg):
+def check_loss_inputs(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask,
+                      agg: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate `Method.loss` arguments; return (logp, logp_old, adv [B, 1|T], bool mask [B, T])."""
     for name, t in (("logp", logp), ("logp_old", logp_old), ("adv", adv)):
         if not isinstance(t, torch.Tensor):
@@ -64,7 +65,7 @@ def check_loss_inputs(logp, logp_old, adv, mask, agg):
     return logp.to(dtype), logp_old.detach().to(dtype), adv.detach().to(dtype), mask
 
 
-def check_mask(mask, shape, device=None):
+def check_mask(mask: torch.Tensor | None, shape, device=None) -> torch.Tensor:
     """The one mask rule of the library: None (every token is real), or a torch.Tensor of
     `shape` that is bool or holds only 0 and 1 (float or int; NaN, 0.5 or 2 are refused).
     Returns a bool tensor. Every public function that takes a mask calls this, so a bad mask
@@ -109,7 +110,8 @@ def ragged_mask(lengths, T: int | None = None) -> torch.Tensor:
     return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def check_is_weight(is_weight, mask, dtype):
+def check_is_weight(is_weight: torch.Tensor, mask: torch.Tensor,
+                    dtype: torch.dtype) -> torch.Tensor:
     """Validate an importance weight ([B] or [B, T], finite and ≥ 0 on real tokens) and return
     it as a detached [B, T] tensor of `dtype`, zero on the padding (so NaN there cannot leak)."""
     if not isinstance(is_weight, torch.Tensor) or not is_weight.is_floating_point():
@@ -126,17 +128,20 @@ def check_is_weight(is_weight, mask, dtype):
     return w
 
 
-def token_log_ratio(logp, logp_old, mask):
+def token_log_ratio(logp: torch.Tensor, logp_old: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
     """log ρ_t = logp − logp_old, zero on masked tokens (so padding never makes NaN)."""
     return torch.where(mask, logp - logp_old, 0.0)
 
 
-def sequence_log_ratio(logp, logp_old, mask):
+def sequence_log_ratio(logp: torch.Tensor, logp_old: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
     """log ρ_s = Σ_t m·(logp − logp_old) / Σ_t m: the log of the geometric mean of token ratios."""
     return token_log_ratio(logp, logp_old, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def gate_log_ratio(logp, logp_old, mask, level="token"):
+def gate_log_ratio(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
+                   level: str = "token") -> torch.Tensor:
     """[B, T]: the log-ratio each token's gate sees: its own at token level, its sequence's
     (broadcast over the tokens) at sequence level (the log of the geometric mean), or the log
     of the whole response's ratio, the product of its token ratios (VESPO), at
@@ -148,12 +153,12 @@ def gate_log_ratio(logp, logp_old, mask, level="token"):
     return token_log_ratio(logp, logp_old, mask)
 
 
-def ratio_from_log(log_ratio):
+def ratio_from_log(log_ratio: torch.Tensor) -> torch.Tensor:
     """ρ = exp(clamp(log ρ, ±LOG_RATIO_CLAMP)); zero gradient where the clamp acts."""
     return torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
 
 
-def aggregate(values, mask, agg):
+def aggregate(values: torch.Tensor, mask: torch.Tensor | None, agg: str) -> torch.Tensor:
     """Aggregate a [B, T] matrix over the mask, in one of the four modes of `AGG_MODES`.
 
     - token-mean: Σ v·m / Σ m.
@@ -188,7 +193,7 @@ def aggregate(values, mask, agg):
     return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
 
 
-def aggregation_weight(mask, agg):
+def aggregation_weight(mask: torch.Tensor, agg: str) -> torch.Tensor:
     """The weight w_t with aggregate(v) = Σ_t w_t·v_t: the per-token factor in every gradient."""
     m = check_mask(mask, mask.shape).to(torch.float64)
     if agg == "token-mean":
@@ -202,7 +207,7 @@ def aggregation_weight(mask, agg):
     return m / n_seq
 
 
-def run_scale(mask, agg):
+def run_scale(mask: torch.Tensor, agg: str) -> torch.Tensor:
     """[...]: N / N_r for masks [..., B, T] merged into one batch, with N_r run r's tokens
     (token-mean) or non-empty responses (the seq-mean modes) and N all runs': run r's own
     aggregation weight is the merged batch's times this constant."""
@@ -227,6 +232,6 @@ class _StrictClamp(torch.autograd.Function):
         return torch.where(inside, grad, 0.0), None, None
 
 
-def strict_clamp(x, low, high):
+def strict_clamp(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """The exact clip of x to [low, high], differentiable with slope 1 only strictly inside."""
     return _StrictClamp.apply(x, low, high)

@@ -19,6 +19,7 @@ import torch
 
 from .. import _numerics as nx
 from .. import _side
+from .._side import SideInfo
 
 #: name -> class, filled by `@register` in the family modules (clip, window, smooth, ...).
 REGISTRY: dict[str, type[Method]] = {}
@@ -161,23 +162,27 @@ class Method:
         return (0.0, max(2 * float(cls.defaults.get(key, 0.5)), 1.0), 0.01)
 
     # --- the elementwise functions of (ρ, A), and of the side information if any -------------
-    def weight(self, ratio, adv, side=None):
+    def weight(self, ratio: torch.Tensor | float, adv: torch.Tensor | float,
+               side: SideInfo | None = None) -> torch.Tensor:
         """f(ρ; A): the weight whose product with A is the token objective."""
         ratio, adv, side = self._lift(ratio, adv, side)
         return self._weight(ratio, adv, side).expand(_shape(ratio, adv))
 
-    def gate(self, ratio, adv, side=None):
+    def gate(self, ratio: torch.Tensor | float, adv: torch.Tensor | float,
+             side: SideInfo | None = None) -> torch.Tensor:
         """f'(ρ; A) = ∂f/∂ρ: how much of the shared term ρ·A·∇log π gets through. `side`: the
         fields in `side_inputs`, held fixed (a method without side inputs ignores it)."""
         ratio, adv, side = self._lift(ratio, adv, side)
         return self._gate(ratio, adv, side).expand(_shape(ratio, adv))
 
-    def signal(self, ratio, adv, side=None):
+    def signal(self, ratio: torch.Tensor | float, adv: torch.Tensor | float,
+               side: SideInfo | None = None) -> torch.Tensor:
         """The learning signal f'(ρ; A)·ρ·A: the gradient's coefficient on ∇log π."""
         ratio, adv, side = self._lift(ratio, adv, side)
         return self._gate(ratio, adv, side) * ratio * adv
 
-    def objective(self, ratio, adv, side=None):
+    def objective(self, ratio: torch.Tensor | float, adv: torch.Tensor | float,
+                  side: SideInfo | None = None) -> torch.Tensor:
         """The token objective J = f(ρ; A)·A."""
         ratio, adv, side = self._lift(ratio, adv, side)
         return self._weight(ratio, adv, side) * adv
@@ -233,14 +238,18 @@ class Method:
         return []
 
     # --- the loss -------------------------------------------------------------------------------
-    def token_objective(self, logp, logp_old, adv, mask, side=None):
+    def token_objective(self, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                        mask: torch.Tensor, side: SideInfo | None = None) -> torch.Tensor:
         """[B, T] the objective J_t = f(ρ_t; A_t)·A_t, differentiable in logp. Inputs already
         checked (`check_loss_inputs`); `side`: the completed SideInfo, or None. A loss that
         trainers write in another form with the same gradient (CISPO, DRO) overrides this."""
         ratio = nx.ratio_from_log(nx.token_log_ratio(logp, logp_old, mask))
         return self._weight(ratio, adv, side) * adv
 
-    def loss(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None, side=None):
+    def loss(self, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+             mask: torch.Tensor | None = None, agg: str | None = None,
+             is_weight: torch.Tensor | None = None,
+             side: SideInfo | None = None) -> torch.Tensor:
         """Minus the aggregated objective: a scalar whose gradient flows into `logp` only.
 
         logp, logp_old, mask: [B, T]; adv: [B] or [B, T]; agg: one of rlgates.AGG_MODES, or None
@@ -258,7 +267,8 @@ class Method:
             objective = objective * nx.check_is_weight(is_weight, mask, objective.dtype)
         return -nx.aggregate(objective, mask, agg)
 
-    def grad_coefficient(self, logp, logp_old, adv, mask, side=None):
+    def grad_coefficient(self, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                         mask: torch.Tensor, side: SideInfo | None = None) -> torch.Tensor:
         """[B, T] f'(ρ; A)·ρ·A: the coefficient on ∇log π of each token (eq. 5). ρ is the ratio
         the gate sees (ρ_s for sequence-level methods); where the log-ratio clamp is active the
         gradient is zero. `side`: as in `token_objective`."""
@@ -267,8 +277,10 @@ class Method:
         ratio = nx.ratio_from_log(log_ratio)
         return self._gate(ratio, adv, side) * ratio * adv * inside
 
-    def expected_grad(self, logp, logp_old, adv, mask=None, agg=None, is_weight=None,
-                      side=None):
+    def expected_grad(self, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                      mask: torch.Tensor | None = None, agg: str | None = None,
+                      is_weight: torch.Tensor | None = None,
+                      side: SideInfo | None = None) -> torch.Tensor:
         """Closed-form ∂loss/∂logp = −f'(ρ; A)·ρ·A·w_t (eq. 5), w_t the aggregation weight,
         times `is_weight` when one is given; `side` as in `loss`."""
         agg = self.agg if agg is None else agg
@@ -280,7 +292,8 @@ class Method:
             grad = grad * nx.check_is_weight(is_weight, mask, grad.dtype)
         return grad
 
-    def token_gate(self, logp, logp_old, adv, mask=None, side=None):
+    def token_gate(self, logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
+                   mask: torch.Tensor | None = None, side: SideInfo | None = None) -> torch.Tensor:
         """[B, T] the gate f' each token of a batch sees, at the ratio its gate sees (ρ_s at
         sequence level), with the side information completed from the batch as `loss` does."""
         logp, logp_old, adv, mask = nx.check_loss_inputs(logp.detach(), logp_old, adv, mask,
