@@ -24,19 +24,68 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from . import _numerics as nx
 
-#: field → what it holds and its range (the errors and the API page quote it)
+@dataclass(frozen=True)
+class Field:
+    """One SideInfo field: what it holds, and its range (None: unbounded on that side; an open
+    end excludes its bound). The checker, its error message and `FIELDS`' text all read it."""
+
+    holds: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""  # said after the range
+
+    @property
+    def range(self) -> str:
+        """The range in words: "in (0, 1]", "≥ 0", "≤ 0" ("" when unbounded)."""
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"in {left}{lo:g}, {hi:g}{right}"
+        if lo is not None:
+            return f"{'>' if self.low_open else '≥'} {lo:g}"
+        if hi is not None:
+            return f"{'<' if self.high_open else '≤'} {hi:g}"
+        return ""
+
+    def ok(self, low, high) -> torch.Tensor:
+        """Whether a tensor's min `low` and max `high` are finite and in range (NaN fails)."""
+        ok = (low > -torch.inf) & (high < torch.inf)
+        if self.low is not None:
+            ok = ok & ((low > self.low) if self.low_open else (low >= self.low))
+        if self.high is not None:
+            ok = ok & ((high < self.high) if self.high_open else (high <= self.high))
+        return ok
+
+    def outside(self, t) -> torch.Tensor:
+        """Where the (finite) values of `t` are out of range."""
+        out = torch.zeros_like(t, dtype=torch.bool)
+        if self.low is not None:
+            out |= (t <= self.low) if self.low_open else (t < self.low)
+        if self.high is not None:
+            out |= (t >= self.high) if self.high_open else (t > self.high)
+        return out
+
+    def __str__(self):
+        """What the field holds and its range, as the errors and the API page quote it."""
+        return ", ".join(x for x in (self.holds, self.range) if x) + self.note
+
+
+#: field → what it holds and its range: the one place each range is written (`str(FIELDS[f])`
+#: is the text the errors and the API page quote)
 FIELDS = {
-    "probs_old": "π_old of each sampled token, in (0, 1]",
-    "entropy": "the policy's entropy at each token, ≥ 0",
-    "sampler_logp": "the rollout engine's log-prob of each token, ≤ 0",
-    "cov": "each token's centred covariance term (log π − mean log π)·(A − mean A), means over "
-           "the batch's real tokens",
-    "draw": "a random key per token in [0, 1]: where a loss picks tokens at random it takes "
-            "those with the smallest keys (a random permutation's law), so a given draw "
-            "makes the pick reproducible",
-    "picked": "1 (or True) on the tokens a batch-level rule singled out, else 0",
+    "probs_old": Field("π_old of each sampled token", low=0, low_open=True, high=1),
+    "entropy": Field("the policy's entropy at each token", low=0),
+    "sampler_logp": Field("the rollout engine's log-prob of each token", high=0),
+    "cov": Field("each token's centred covariance term (log π − mean log π)·(A − mean A), means "
+                 "over the batch's real tokens"),
+    "draw": Field("a random key per token", low=0, high=1,
+                  note=": where a loss picks tokens at random it takes those with the smallest "
+                       "keys (a random permutation's law), so a given draw makes the pick "
+                       "reproducible"),
+    "picked": Field("1 (or True) on the tokens a batch-level rule singled out, else 0"),
 }
 
 
@@ -47,16 +96,18 @@ class SideInfo:
     finite, and in its range; padding must hold a valid value too (0 for `cov`, 1 for
     `probs_old`). An error names the field: "sideinfo.entropy must be ≥ 0, got -0.1".
 
-    - probs_old: π_old of each sampled token, in (0, 1] (DPPO). The loss derives it as
-      exp(logp_old); on the plane ρ alone does not give it.
-    - entropy: the policy's entropy at each token, ≥ 0 (an entropy mask).
-    - sampler_logp: the rollout engine's log-prob of each token, ≤ 0 (off-policy masks).
-    - cov: (log π − mean log π)·(A − mean A), means over the batch's real tokens (Clip-Cov,
-      KL-Cov). The loss derives it (`batch_cov`).
-    - draw: a uniform key per token in [0, 1]; a loss that picks tokens at random takes those
-      with the smallest keys (Clip-Cov), so a given draw makes the pick reproducible.
-    - picked: bool, the tokens a batch-level rule singled out (Clip-Cov drops them, KL-Cov
-      pulls them back); the method derives it from `cov` (and `draw`) unless it is given.
+    What each field holds and its range: `FIELDS`. Who reads them:
+
+    - probs_old: DPPO. The loss derives it as exp(logp_old); on the plane ρ alone does not
+      give it.
+    - entropy: an entropy mask.
+    - sampler_logp: off-policy masks.
+    - cov: Clip-Cov, KL-Cov. The loss derives it (`batch_cov`).
+    - draw: a loss that picks tokens at random (Clip-Cov).
+    - picked: Clip-Cov drops them, KL-Cov pulls them back; the method derives it from `cov`
+      (and `draw`) unless it is given.
+
+    `index(r, shape)` takes one run's (or some rows') part of a batched SideInfo.
 
         >>> side = rlgates.SideInfo(probs_old=0.3)           # held fixed on the plane
         >>> rlgates.get("dppo_tv").gate(ratio, adv, side)
@@ -108,13 +159,33 @@ class SideInfo:
             value = getattr(self, name)
             if shape is not None:
                 try:
-                    nx.broadcast_shape(value.shape, tuple(shape))
+                    torch.broadcast_shapes(value.shape, tuple(shape))
                 except RuntimeError:
                     raise ValueError(f"sideinfo.{name} has shape {tuple(value.shape)}, which "
                                      f"does not broadcast to the batch's {tuple(shape)}") from None
             dtype = like.dtype if value.dtype != torch.bool else torch.bool
             out[name] = value.to(device=like.device, dtype=dtype)
         return self._with(out) if out else self
+
+    def index(self, r, shape=None) -> SideInfo:
+        """The part of a batched SideInfo that belongs to run (or rows) `r`: every field indexed
+        by `r` along its first dimension (`r` any index torch takes: an int, a slice, a tensor
+        of rows). shape: the batch's [..., B, T]; each field is first broadcast to it and its
+        leading dimensions flattened into one, so `r` counts runs even where a field was given
+        once for all of them (over [B, T], or a number). None stays None.
+
+            side.index(r, logp.shape)      # run r of a [R, B, T] batch
+            side.index(rows)               # some rows of fields given over [N, T]
+        """
+        out = object.__new__(SideInfo)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                if shape is not None:
+                    value = value.expand(tuple(shape)).reshape(-1, *tuple(shape)[-2:])
+                value = value[r]  # a part of a checked tensor: in range, not checked again
+            object.__setattr__(out, f.name, value)
+        return out
 
     def __repr__(self):
         given = ", ".join(f"{n}=<{tuple(getattr(self, n).shape)}>" for n in self.given())
@@ -139,31 +210,16 @@ def _checked(name, value):
     if not t.is_floating_point():
         t = t.to(torch.get_default_dtype())
     t = t.detach()
-    if t.numel() and _in_range(name, t):
+    field = FIELDS[name]
+    if not t.numel() or bool(field.ok(*torch.aminmax(t))):  # one pass (NaN fails it)
         return t
     if not bool(torch.isfinite(t).all()):
         raise ValueError(f"sideinfo.{name} must be finite, got {_sample(t[~torch.isfinite(t)])}")
-    bad = {"probs_old": (t <= 0) | (t > 1), "entropy": t < 0, "sampler_logp": t > 0,
-           "draw": (t < 0) | (t > 1)}.get(name)
-    if bad is not None and bool(bad.any()):
-        raise ValueError(f"sideinfo.{name} must be {_RANGE[name]}, got {_sample(t[bad])}")
-    return t
-
-
-def _in_range(name, t):
-    """Whether every value of `t` is finite and in the field's range: one pass (aminmax, whose
-    min and max are NaN if any value is); on False the caller finds what is wrong."""
-    low, high = torch.aminmax(t)
-    low_ok = {"probs_old": low > 0, "entropy": low >= 0, "draw": low >= 0}.get(
-        name, low > -torch.inf)
-    high_ok = {"probs_old": high <= 1, "sampler_logp": high <= 0, "draw": high <= 1}.get(
-        name, high < torch.inf)
-    return bool(low_ok & high_ok)
+    bad = field.outside(t)
+    raise ValueError(f"sideinfo.{name} must be {field.range}, got {_sample(t[bad])}")
 
 
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-_RANGE = {"probs_old": "in (0, 1]", "entropy": "≥ 0", "sampler_logp": "≤ 0",
-          "draw": "in [0, 1]"}
 
 
 def _sample(t):
@@ -211,7 +267,7 @@ def from_batch(side, logp, logp_old, adv, mask, needed) -> SideInfo:
     side = SideInfo() if side is None else side
     derived = {}
     if "probs_old" in needed and side.probs_old is None:
-        derived["probs_old"] = nx.zero_padded(logp_old.detach(), mask).exp_()
+        derived["probs_old"] = torch.where(mask, logp_old.detach(), 0.0).exp()
     if "cov" in needed and side.cov is None:
         derived["cov"] = batch_cov(logp, adv, mask)
     return side.replace(**derived) if derived else side
@@ -224,4 +280,4 @@ def checked_side(side) -> SideInfo | None:
     raise ValueError(f"side must be an rlgates.SideInfo or None, got {type(side).__name__}")
 
 
-__all__ = ["FIELDS", "MissingSide", "SideInfo", "batch_cov", "from_batch"]
+__all__ = ["FIELDS", "Field", "MissingSide", "SideInfo", "batch_cov", "from_batch"]

@@ -48,7 +48,6 @@ import torch
 
 from . import _numerics as nx
 from ._side import MissingSide, SideInfo
-from .methods._base import Method
 
 
 class Missing(LookupError):
@@ -167,7 +166,7 @@ class Batch:
         runs = zip(rows, self.rows(self.logp_old), self.rows(self.adv), self.rows(self.mask),
                    strict=True)
         try:
-            gates = [self.method.token_gate(*run, side=_run_side(side, self.logp, self.rows, r))
+            gates = [self.method.token_gate(*run, side=_run(side, r, self.logp.shape))
                      for r, run in enumerate(runs)]
         except MissingSide as e:
             raise Missing(f"side.{e.field}") from None
@@ -360,8 +359,6 @@ def _loss(b):
     if not callable(getattr(b.method, "loss", None)):
         raise Missing("loss")
     side_inputs = getattr(b.method, "side_inputs", ())
-    if isinstance(b.method, Method) and type(b.method).loss is Method.loss and not side_inputs:
-        return _runs_method_loss(b)  # one pass; a side-input method's batch statistics are per run
     logp, logp_old, adv = b.inputs
     n, w = b.rows(logp).shape[0], b.optional("is_weight")
     runs = zip(b.rows(logp), b.rows(logp_old), adv.reshape(n, *adv.shape[len(b.lead):]),
@@ -369,7 +366,7 @@ def _loss(b):
     kws = [{}] * n if w is None else [{"is_weight": x} for x in b.rows(w)]
     if side_inputs:
         side = b.optional("side")
-        kws = [{**kw, "side": _run_side(side, b.logp, b.rows, r)} for r, kw in enumerate(kws)]
+        kws = [{**kw, "side": _run(side, r, b.logp.shape)} for r, kw in enumerate(kws)]
     try:
         out = [b.method.loss(*run, b.agg, **kw) for run, kw in zip(runs, kws, strict=True)]
     except MissingSide as e:
@@ -377,27 +374,9 @@ def _loss(b):
     return torch.stack(out).reshape(b.lead).to(b.logp.dtype)
 
 
-def _run_side(side, like, rows, r):
+def _run(side, r, shape):
     """Run r's part of a SideInfo given over [..., B, T] (None stays None)."""
-    if side is None:
-        return None
-    fields = {n: rows(getattr(side, n).expand(like.shape))[r] for n in side.given()}
-    return side.replace(**fields)
-
-
-def _runs_method_loss(b):
-    """Every run's `Method.loss` in one pass: that loss is −aggregate(J_t·is_weight_t), and
-    aggregate(v) = Σ_t w_t·v_t with w_t the run's own aggregation weight (`Batch.weight`)."""
-    logp, logp_old, adv = b.inputs
-    rows = b.rows(logp)
-    flat = (lambda x: x.reshape(rows.shape[0] * rows.shape[1], *x.shape[len(b.lead) + 1:]))
-    checked = nx.check_loss_inputs(flat(logp), flat(logp_old), flat(adv), flat(b.mask), b.agg)
-    objective = b.method.token_objective(*checked).expand(checked[0].shape)
-    w = b.optional("is_weight")
-    if w is not None:
-        objective = objective * nx.check_is_weight(flat(w), checked[3], objective.dtype)
-    objective = torch.where(checked[3], objective, 0.0).reshape(logp.shape)
-    return -(objective.to(b.logp.dtype) * b.weight).sum((-2, -1))
+    return None if side is None else side.index(r, shape)
 
 
 @torch.no_grad()

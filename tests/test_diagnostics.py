@@ -137,7 +137,7 @@ def test_missing_inputs_are_nan_and_skipped_by_the_adapters():
     assert all(math.isnan(float(s[k])) for k in ("entropy", "reward", "frac_reward_zero_std"))
     assert float(s["is_weight_mean"]) == 1.0  # no weight: weight 1
     stats = trainers.gate_stats(rlgates.get("ppo"), logp, logp_old, adv, mask)
-    assert set(stats) == set(diagnostics.keys(logged=True)) == {"gate_mean", "gate_zero"}
+    assert set(stats) == set(diagnostics.keys(logged=True)) >= {"gate_mean", "gate_zero"}
 
     class NoGate:  # an object with only a loss: every gate diagnostic is NaN, the rest are not
         def loss(self, logp, logp_old, adv, mask=None, agg="token-mean"):
@@ -164,7 +164,7 @@ def test_gate_zero_and_gate_mean_over_the_tokens_with_a_signal():
 
 def test_the_trainer_names_are_the_trainers_own():
     """Every verl or TRL name in the registry is a metric key the installed trainer writes."""
-    from rlgates.trainers import facts
+    from rlgates._book import facts
 
     def source(relative):  # read, not imported: finding verl.trainer's spec imports verl (~6 s)
         return facts.path(relative).read_text()

@@ -119,8 +119,14 @@ def _needs_trainer_reference(name):
     return rlgates.REGISTRY[name].chapter is not None and name not in reference.REFERENCES
 
 
+def _built_in(name):
+    """A method of the library (defined in rlgates.methods); one registered elsewhere (a
+    contributor's experiment, a test) needs no reference in rlgates/reference.py."""
+    return rlgates.REGISTRY[name].__module__.startswith("rlgates.methods.")
+
+
 def test_every_built_in_method_has_a_reference():
-    plain = {n for n in METHODS if not _needs_trainer_reference(n)}
+    plain = {n for n in METHODS if _built_in(n) and not _needs_trainer_reference(n)}
     assert plain - {"ppo", "grpo"} <= set(reference.REFERENCES) <= set(METHODS)
 
 
@@ -130,6 +136,8 @@ def test_values_and_gradients_equal_the_trainer_reference(name, agg, safety_eps,
                                                          per_token_adv):
     if _needs_trainer_reference(name) and name not in reference.REFERENCES:
         pytest.skip(f"{name}: checked against the trainer's own function (test_conformance_*)")
+    if not _built_in(name) and name not in reference.REFERENCES:
+        pytest.skip(f"{name}: not a method of the library, no reference needed")
     logp, logp_old, adv, mask = make_batch(seed=4, scale=1.2, per_token_adv=per_token_adv)
     m = rlgates.get(name)
     logp = straddle_edges(m, logp, logp_old)
@@ -206,7 +214,7 @@ def test_the_defaults_follow_the_papers_and_match_the_trainers(name):
     says which), and where verl's built-in loss computes the method, the flags that make it do
     so (checked against verl in tests/test_trainer_facts.py) name the same aggregation."""
     m = rlgates.get(name)
-    assert m.agg in rlgates.AGG_MODES and len(m.agg_source) > 20
+    assert m.agg in rlgates.AGG_MODES and m.agg_source.strip()  # a sentence: where it comes from
     assert _verl_agg_disagrees(m) is None, (name, m.agg)
 
 

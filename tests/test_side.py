@@ -85,10 +85,10 @@ class PickedOnly(rlgates.Method):
     side_inputs = ("picked",)
     agg_source = "the base class's default"
 
-    def _weight(self, ratio, adv, side):
+    def _weight(self, ratio, adv, side=None):
         return torch.where(side.picked, 1.0, ratio) * torch.ones_like(adv)
 
-    def _gate(self, ratio, adv, side):
+    def _gate(self, ratio, adv, side=None):
         return torch.where(side.picked, 0.0, 1.0) * torch.ones_like(ratio * adv)
 
 
@@ -150,3 +150,27 @@ def test_the_trainer_adapters_pass_side_on():
     stats = rlgates.trainers.gate_stats(m, logp, logp_old, adv, mask, side)
     assert 0 < stats["gate_mean"] < 1
     assert "gate_mean" not in rlgates.trainers.gate_stats(m, logp, logp_old, adv, mask)
+
+
+def test_each_field_range_is_written_once():
+    """The checker, its message and FIELDS' text read one Field per name."""
+    f = _side.FIELDS["probs_old"]
+    assert (f.low, f.low_open, f.high, f.range) == (0, True, 1, "in (0, 1]")
+    assert str(f) == "π_old of each sampled token, in (0, 1]"
+    assert _side.FIELDS["cov"].range == "" and _side.FIELDS["sampler_logp"].range == "≤ 0"
+    assert _side.Field("x", low=0, high=2, high_open=True).range == "in [0, 2)"
+
+
+def test_index_takes_one_run_of_a_batched_side():
+    R, B, T = 3, 2, 4
+    ent = torch.rand(R, B, T, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    side = rlgates.SideInfo(entropy=ent, probs_old=0.5, draw=torch.full((B, T), 0.25))
+    one = side.index(1, (R, B, T))
+    assert torch.equal(one.entropy, ent[1]) and one.given() == ("probs_old", "entropy", "draw")
+    assert torch.equal(one.probs_old, torch.full((B, T), 0.5, dtype=torch.float64))
+    assert one.draw.shape == (B, T) and one.sampler_logp is None
+    # leading dimensions [2, 3] count as 6 runs; without shape, rows of each field
+    two = rlgates.SideInfo(entropy=ent.expand(2, R, B, T)).index(4, (2, R, B, T))
+    assert torch.equal(two.entropy, ent[1])
+    assert torch.equal(side.replace(probs_old=None, draw=None).index(torch.tensor([0, 2])).entropy,
+                       ent[[0, 2]])

@@ -38,7 +38,7 @@ def trainers():
 @pytest.fixture(scope="module")
 def verl_defaults():
     """The resolved defaults of verl's PPO trainer, as `main_ppo` composes them."""
-    from rlgates.trainers import facts
+    from rlgates._book import facts
 
     verl_config = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     assert facts.path(facts.VERL_CONFIG) == verl_config  # one reader: the chapters' own
@@ -254,10 +254,10 @@ def test_trl_logged_loss_and_grad_norm_and_metric_reductions():
 
 
 # --------------------------------------------------------------------------------------------
-# The reader the chapters use (rlgates.trainers.facts), and the pages that run no code: each
+# The reader the chapters use (rlgates._book.facts), and the pages that run no code: each
 # test below reads one fact from the installed trainer and asserts the sentence that states it.
 
-from rlgates.trainers import facts  # noqa: E402
+from rlgates._book import facts  # noqa: E402
 
 
 def _page(relative):
@@ -367,8 +367,6 @@ def test_conventions_and_readme_clamp():
         "log-ratio at $+10$ on one side only; TRL does not clamp." in _page("conventions.md")
     assert "as verl does (TRL does not clamp, and verl's GSPO clamps at +10 on one side)" in \
         _page("README.md")
-    assert "as verl does (TRL #: does not clamp; verl's GSPO clamps at +10 on one side only" in \
-        _page("rlgates/_numerics.py")
 
 
 def test_conventions_empty_rows():
@@ -419,8 +417,12 @@ def test_conventions_cispo_bound_and_default_loss():
     assert "TRL's `epsilon_high` caps the ratio itself; `rlgates` and verl cap at $1 + " \
         "\\epsilon_h$." in text
     assert "**verl's default policy loss** is dual-clip PPO with $c = 3$" in text
-    assert "TRL caps the ratio at epsilon_high itself and has no lower clip" in \
-        _page("rlgates/methods/weight_clip.py")
+    # so CISPO's TRL flags cap at 1 + ε_h, and with a lower clip (ε_low < 1) TRL has none
+    from rlgates.trainers import flags
+
+    cispo_trl = flags(rlgates.get("cispo", eps_high=3.0))["trl"]
+    assert cispo_trl["epsilon_high"] == 4.0 and "epsilon" not in cispo_trl
+    assert flags(rlgates.get("cispo", eps_low=0.2))["trl"] is None
     assert "verl's default policy loss ('vanilla') is dual-clip PPO with c = 3 and " \
         "loss_agg_mode token-mean." == rlgates.get("dual_clip").agg_source
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import rlgates
+from rlgates import diagnostics
 from rlgates import trainers as rt
 
 # Under xdist one worker runs this group (pyproject.toml: --dist loadgroup).
@@ -500,6 +501,17 @@ def old_adapter_metrics(m, logp, old, adv, mask):
             "actor/ppo_kl": float(kl), "actor/pg_clipfrac_lower": 0.0}
 
 
+def verl_logged():
+    """What the verl adapter logs of rlgates' own: every diagnostic registered with log=True,
+    read when called (a new one is picked up here, as the adapters pick it up)."""
+    return {f"actor/rlgates_{k}" for k in diagnostics.keys(logged=True)}
+
+
+def trl_logged():
+    """What the TRL adapter logs of rlgates' own (see `verl_logged`)."""
+    return {f"rlgates/{k}" for k in diagnostics.keys(logged=True)}
+
+
 METRIC_CASES = {  # name -> (method, verl's loss_mode, clip_ratio_c)
     "dual_clip": (rlgates.get("dual_clip"), "vanilla", 3.0),
     "ppo": (rlgates.get("ppo"), "vanilla", math.inf),
@@ -535,8 +547,7 @@ def test_verl_metrics_are_verls_own(case):
         assert set(ref) == {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"}
         for k, v in ref.items():
             assert ours[k] == v, (k, ours[k], v)  # the same floats: verl's definition, exactly
-        assert {k for k in ours if k not in ref} == {"actor/rlgates_gate_mean",
-                                                     "actor/rlgates_gate_zero"}
+        assert {k for k in ours if k not in ref} == verl_logged()
     frac = [ref["actor/pg_clipfrac"] for ref, _, _ in pairs]
     old = [old_adapter_metrics(m, *b) for *_, b in pairs]
     if mode == "sapo":  # verl's SAPO logs no clip fraction; its KL is clamped at ±20
@@ -558,7 +569,7 @@ def test_verl_metrics_not_under_verls_names_without_a_builtin():
         for logp, old, adv, mask in metrics_batch():
             _, got = get_policy_loss_fn(name)(old_log_prob=old, log_prob=logp, advantages=adv,
                                               response_mask=mask, config=actor())
-            assert set(got) == {"actor/rlgates_gate_mean", "actor/rlgates_gate_zero"}
+            assert set(got) == verl_logged()
 
 
 def test_verl_unregistered_name_raises():
@@ -784,7 +795,7 @@ def test_trl_metrics_are_trls_own(probe_model, case):
         expected = {"entropy"} | {"clip": CLIP_KEYS, "cispo": {"cispo_clip_ratio"},
                                   "sapo": set()}[family]
         assert set(ref) == expected
-        assert set(ours) == expected | {"rlgates/gate_mean", "rlgates/gate_zero"}
+        assert set(ours) == expected | trl_logged()
         for k, v in ref.items():
             assert same(ours[k], v), (k, ours[k], v)  # TRL's definition, exactly
         regions.append(ref.get("clip_ratio/region_mean", ref.get("cispo_clip_ratio")))
@@ -806,5 +817,4 @@ def test_trl_metrics_without_a_builtin_are_rlgates_own(probe_model):
               rlgates.get("cispo", eps_low=0.2)):
         assert rt.flags(m)["trl"] is None
         logp, old, adv, mask, ent = trl_metric_batches()[0]
-        assert set(rtrl.metrics(m, logp, old, adv, mask, ent)) == {
-            "entropy", "rlgates/gate_mean", "rlgates/gate_zero"}
+        assert set(rtrl.metrics(m, logp, old, adv, mask, ent)) == {"entropy"} | trl_logged()

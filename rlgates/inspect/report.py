@@ -66,8 +66,9 @@ def summarise(run, numbers, findings) -> dict:
             "status": "findings" if fired else "healthy", "fired": fired,
             "steps": [int(s) for s in numbers["step"]],
             "tokens": int(np.nansum(numbers["tokens"])) if "tokens" in numbers else 0,
-            "gate": {"method": method.name, "hparams": {k: float(v) for k, v in
-                                                        method.hparams.items()},
+            "gate": {"method": None if method is None else method.name,
+                     "hparams": {} if method is None else {k: float(v) for k, v in
+                                                           method.hparams.items()},
                      "aggregation": agg, "note": note},
             "settings": run.settings, "findings": [f.as_dict() for f in findings],
             "diagnostics": diag}
@@ -210,7 +211,8 @@ def html(run, numbers, findings, steps=None, source="") -> str:
                     f"{' (outside)' if out else ''}</td>"
                     f"<td>{'—' if not np.isfinite(last) else f'{last:.4g}'}</td></tr>")
     figs = [_img(*series_figure(numbers))]
-    figs += [_img(*plane_figure(run, s)) for s in steps]
+    if gate["method"] is not None:  # the plane figures draw the run's gate
+        figs += [_img(*plane_figure(run, s)) for s in steps]
     note = f"<p>{e(gate['note'])}</p>" if gate["note"] else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -218,7 +220,7 @@ def html(run, numbers, findings, steps=None, source="") -> str:
 <title>rlgates inspect: {e(source)}</title><style>{_CSS}</style></head><body>
 {head}
 <p>{len(summary['steps'])} steps, {summary['tokens']} captured tokens; gate
-<code>{e(gate['method'])}</code> {e(json.dumps(gate['hparams']))}, aggregation
+<code>{e(gate['method'] or 'no method')}</code> {e(json.dumps(gate['hparams']))}, aggregation
 <code>{e(gate['aggregation'])}</code>.</p>{note}
 <h2>Findings</h2>
 <p>FIRED: the detector found its fault. quiet: it checked and found none. not checked: the

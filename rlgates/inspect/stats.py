@@ -1,4 +1,4 @@
-"""Per-step numbers of a loaded capture (`rlgates.capture.Run`): every atlas diagnostic under the
+"""Per-step numbers of a loaded capture (`capture.Run`): every atlas diagnostic under the
 trainer's names, and the few numbers the detectors read that no trainer logs.
 
 The tokens of one step are put back into rows (one row per captured response: rank, micro-batch,
@@ -17,9 +17,12 @@ import numpy as np
 import torch
 
 from .. import diagnostics, get, names
+from ..trainers import TRL_CLIP_LOSS_TYPES, VERL_FIXED_AGG, VERL_PREFIX, conformance
+from ..trainers.conformance_trl import TRL_AGG
+from ..trainers.conformance_verl import POLICY_LOSS_KEYS
 
 #: TRL loss types whose token loss is the clip family's min(ρA, clip(ρ)A)
-CLIP_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+CLIP_LOSS_TYPES = TRL_CLIP_LOSS_TYPES
 
 #: The atlas diagnostics the report shows per step, in this order (rlgates.diagnostics keys)
 ATLAS_KEYS = ("clipfrac_pos", "clipfrac_neg", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -28,57 +31,55 @@ ATLAS_KEYS = ("clipfrac_pos", "clipfrac_neg", "clip_ratio/low_mean", "clip_ratio
 
 
 def method_for(settings: dict):
-    """(rlgates method, aggregation, note) for a capture's trainer settings: the gate the
-    trainer's own flags define. note says what was assumed ("" when nothing)."""
-    if settings.get("trainer") == "verl":
-        return _verl_method(settings)
-    lt = settings.get("loss_type")
-    eps = settings.get("epsilon")
-    eps_high = settings.get("epsilon_high") or eps
-    level = settings.get("importance_sampling_level") or "token"
-    agg = settings.get("aggregation") or "token-mean"
-    note = ""
-    if lt in CLIP_LOSS_TYPES and eps is not None:
-        if settings.get("delta") and eps_high == eps:
-            m = get("dual_clip", eps=eps, c=settings["delta"])
-        elif level == "sequence":
-            m = get("gspo", eps_low=eps, eps_high=eps_high)
-        else:
-            m = get("dapo", eps_low=eps, eps_high=eps_high)
-    elif lt == "cispo" and eps_high is not None:
-        m = get("cispo", eps_high=eps_high - 1.0)
-    elif lt == "sapo":
-        m = get("sapo", tau_pos=settings.get("sapo_temperature_pos") or 1.0,
-                tau_neg=settings.get("sapo_temperature_neg") or 1.05)
+    """(rlgates method, aggregation, note) for a capture's trainer settings: the row of the
+    conformance matrix (`rlgates.trainers.conformance.find`) whose settings they are, with the
+    method's hyperparameters read back from them. note says what was assumed ("" when nothing).
+
+    method None: no rlgates method computes this trainer's loss (note says which setting);
+    the gate diagnostics are then NaN and the report says so. A verl loss_mode of the adapter
+    (rlgates_<name>) is that method at its defaults: verl's config does not hold them."""
+    trainer = settings.get("trainer") or "trl"
+    given = _row_settings(trainer, settings)
+    if trainer == "verl":
+        mode = given["policy_loss.loss_mode"]
+        agg = VERL_FIXED_AGG.get(mode) or given.get("loss_agg_mode") or "token-mean"
+        what = f"verl loss_mode {mode!r}"
+        if mode.startswith(VERL_PREFIX):
+            name = mode[len(VERL_PREFIX):]
+            if name in names():
+                return (get(name), agg, f"{mode}: rlgates' {name} at its default hyperparameters "
+                        "(verl's config does not hold them)")
+            return None, agg, f"{what} is no registered rlgates method: no gate is computed"
     else:
-        m = get("dapo")
-        note = (f"loss_type {lt!r} has no rlgates gate: drawn and measured under DAPO's "
-                "clip (ε = 0.2, 0.28)")
-    return m, agg, note
+        lt = given.get("loss_type")
+        agg = given.get("aggregation") or TRL_AGG.get(lt) or "token-mean"
+        what = f"TRL loss_type {lt!r}"
+    found = conformance.find(trainer, given)
+    if found is None:
+        return None, agg, (f"{what} with these settings is no row of rlgates' conformance "
+                           "matrix: no rlgates method, no gate is computed")
+    row, hparams, assumed, same_agg = found
+    if row.method is None:
+        return None, agg, f"{what}: no rlgates method ({row.note})"
+    note = "" if not assumed else ("not in the capture, taken at the conformance row's value: "
+                                   + ", ".join(f"{k} = {row.settings[k]}" for k in assumed))
+    return get(row.method, **hparams), row.agg if same_agg else agg, note
 
 
-def _verl_method(settings):
-    """The gate of a verl actor config (rlgates.capture_verl's settings)."""
-    mode = settings.get("loss_mode") or "vanilla"
-    eps = settings.get("clip_ratio")
-    low = settings.get("clip_ratio_low") or eps or 0.2
-    high = settings.get("clip_ratio_high") or eps or 0.2
-    c = settings.get("clip_ratio_c")
-    agg = settings.get("loss_agg_mode") or "token-mean"
-    if mode == "vanilla":
-        finite = c is not None and c != float("inf") and str(c) != "inf"
-        if low == high:
-            return (get("dual_clip", eps=low, c=float(c)) if finite else get("ppo", eps=low),
-                    agg, "")
-        return (get("dapo", eps_low=low, eps_high=high), agg,
-                f"verl's dual clip at c = {c} is not drawn (ε_low ≠ ε_high)" if finite else "")
-    if mode == "gspo":
-        return get("gspo", eps_low=low, eps_high=high), agg, ""
-    if mode.startswith("rlgates_") and mode[len("rlgates_"):] in names():
-        return (get(mode[len("rlgates_"):]), agg,
-                f"{mode}: rlgates' {mode[len('rlgates_'):]} at its default hyperparameters")
-    return get("dapo"), agg, (f"verl loss_mode {mode!r} has no rlgates gate: drawn and "
-                              "measured under DAPO's clip (ε = 0.2, 0.28)")
+def _row_settings(trainer, settings):
+    """A capture's settings as the conformance rows write them: verl's loss_mode and policy-loss
+    fields under "policy_loss.", and clip_ratio_low/high falling back to clip_ratio as in verl."""
+    out = dict(settings)
+    if trainer != "verl":
+        return out
+    for k in POLICY_LOSS_KEYS:
+        if out.get(f"policy_loss.{k}") is None and out.get(k) is not None:
+            out[f"policy_loss.{k}"] = out[k]
+    out["policy_loss.loss_mode"] = out.get("policy_loss.loss_mode") or "vanilla"
+    for k in ("clip_ratio_low", "clip_ratio_high"):
+        if out.get(k) is None:
+            out[k] = out.get("clip_ratio")
+    return out
 
 
 @dataclass
@@ -146,14 +147,17 @@ def step_numbers(method, agg, s: StepRows) -> dict:
         out["mismatch_kl"] = out["mismatch_absmax"] = float("nan")
     # negative side: the largest open-gate signal ρ·|A| of an A < 0 token, against the median
     # ρ·|A| of the step's tokens with A ≠ 0
-    gate, glr = diagnostics.token_gates(method, s.logp[None], s.logp_old[None], s.adv[None],
-                                        m[None])
-    size = (glr[0].exp() * s.adv).abs()
-    live = m & (s.adv != 0)
-    neg_open = m & (s.adv < 0) & (gate[0] != 0)
-    med = _median_abs(size[live])
-    out["neg_signal_max"] = float(size[neg_open].max()) if neg_open.any() else 0.0
-    out["neg_signal_ratio"] = (out["neg_signal_max"] / med if med and med > 0 else 0.0)
+    if method is None:  # no gate: no open-gate signal either
+        out["neg_signal_max"] = out["neg_signal_ratio"] = float("nan")
+    else:
+        gate, glr = diagnostics.token_gates(method, s.logp[None], s.logp_old[None],
+                                            s.adv[None], m[None])
+        size = (glr[0].exp() * s.adv).abs()
+        live = m & (s.adv != 0)
+        neg_open = m & (s.adv < 0) & (gate[0] != 0)
+        med = _median_abs(size[live])
+        out["neg_signal_max"] = float(size[neg_open].max()) if neg_open.any() else 0.0
+        out["neg_signal_ratio"] = (out["neg_signal_max"] / med if med and med > 0 else 0.0)
     out["adv_absmax"] = float(s.adv[m].abs().max()) if s.n else float("nan")
     return out
 
@@ -182,6 +186,8 @@ def micro_fit(run, method, step) -> dict | None:
     own token count n_k. Returns each hypothesis' residual (fitted per step, relative to the
     losses' scale), or None when the step cannot tell them apart: a token not captured (the step
     was sampled), fewer than two micro-batches, or equal counts."""
+    if method is None:
+        return None  # no method: the captured losses cannot be rebuilt
     mi = run.micro
     at = mi["step"] == step
     counts, losses = mi["tokens"][at].astype(float), mi["loss"][at].astype(float)

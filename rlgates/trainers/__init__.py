@@ -45,7 +45,7 @@ def guard_notebook() -> bool:
     prints one line, what to install, instead of failing, and "Run All" goes on with the cells
     that need only rlgates (rlgates/trainers/_guard.py says how). Does nothing where both are
     installed, or outside IPython. Returns whether both are installed."""
-    from . import facts
+    from .._book import facts
 
     if facts.installed():
         return True
@@ -97,6 +97,10 @@ TRL_LOSS_TYPE_FOR_AGG = {
     ("seq-mean-token-mean", "step"): "grpo", ("seq-mean-token-sum", "step"): "luspo",
     ("seq-mean-token-sum-norm", "step"): "dr_grpo",
 }
+#: TRL's clip loss types (the keys above are the one place they are written)
+TRL_CLIP_LOSS_TYPES = tuple(dict.fromkeys(TRL_LOSS_TYPE_FOR_AGG.values()))
+#: The loss_mode names `rlgates.trainers.verl.register` gives: "rlgates_<method name>"
+VERL_PREFIX = "rlgates_"
 #: TRL loss types whose aggregation comes with the loss: (aggregation, normaliser).
 TRL_FIXED_AGG = {"sapo": ("seq-mean-token-mean", "step"), "cispo": ("token-mean", "step"),
                  "vespo": ("token-mean", "step")}
@@ -208,11 +212,11 @@ def loss(method, logp, logp_old, adv, mask=None, agg=None, *, norm=None, length=
     full batch's token-mean, whatever the split (tests/test_trainers.py checks it).
     """
     agg = agg or method.agg
+    m = nx.check_mask(mask, logp.shape, logp.device)  # checked once here: a bool mask from now
     kw = {"side": side} if side is not None else {}  # a hand-written loss need not take it
-    out = method.loss(logp, logp_old, adv, mask, agg=agg, is_weight=is_weight, **kw)
+    out = method.loss(logp, logp_old, adv, m, agg=agg, is_weight=is_weight, **kw)
     if norm is None and length is None:
         return out
-    m = nx.check_mask(mask, logp.shape, logp.device)
     scale = out.new_tensor(1.0)
     if norm is not None:
         scale = scale * _local_count(m, agg).to(out.dtype) / torch.as_tensor(norm).to(out)
@@ -245,6 +249,6 @@ def gate_stats(method, logp, logp_old, adv, mask, side=None):
     return diagnostics.as_floats(stats)
 
 
-__all__ = ["NORMALISERS", "TESTED_VERSIONS", "TRL_FIXED_AGG", "TRL_LOSS_TYPE_FOR_AGG",
-           "VERL_FIXED_AGG", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
-           "loss"]
+__all__ = ["NORMALISERS", "TESTED_VERSIONS", "TRL_CLIP_LOSS_TYPES", "TRL_FIXED_AGG",
+           "TRL_LOSS_TYPE_FOR_AGG", "VERL_FIXED_AGG", "VERL_PREFIX", "engine_runs", "flag_rows",
+           "flag_table", "flags", "gate_stats", "loss"]

@@ -17,6 +17,7 @@ This module imports neither trainer: the rows are data, the tests run the traine
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 
 #: verl settings are keys under `actor_rollout_ref.actor.` (e.g. "policy_loss.loss_mode",
@@ -67,6 +68,169 @@ def matrix() -> list[Row]:
             + _rows("conformance_side", "SIDE_ROWS"))
 
 
+# --- settings -> row: the matrix read backwards (rlgates.inspect's method_for) --------------------
+
+#: Settings that set the aggregation, not the gate: a row whose other settings match is the
+#: method whatever these say (TRL's clip loss types are aggregations of one gate, see below).
+AGG_SETTINGS = ("loss_agg_mode", "max_completion_length")
+
+
+def method_settings(method, trainer) -> dict | None:
+    """The settings that make `trainer`'s built-in loss compute `method`, as rows write them
+    (verl's policy-loss fields under "policy_loss."); None: no built-in."""
+    from . import flags
+
+    f = flags(method)[trainer]
+    if f is None or trainer == "trl":
+        return f
+    from .conformance_verl import verl_settings
+
+    return verl_settings(f)
+
+
+def candidates(trainer) -> list[Row]:
+    """The matrix's rows of `trainer`, then a row for each other registered method that the
+    trainer's built-in loss computes (its trainer flags; e.g. TRL's `delta` is dual_clip)."""
+    from ..methods import get, names
+
+    rows = [r for r in matrix() if r.trainer == trainer]
+    have = {r.method for r in rows}
+    for name in names():
+        if name in have or method_settings(get(name), trainer) is None:
+            continue
+        if trainer == "trl":
+            from .conformance_trl import trl_row
+
+            rows.append(trl_row(method_settings(get(name), "trl")["loss_type"], name))
+        else:
+            from .conformance_verl import method_row
+
+            rows.append(method_row(name))
+    return rows
+
+
+def _defaults(trainer) -> dict:
+    mod = importlib.import_module(f"{__package__}.conformance_{trainer}")
+    return mod.SETTING_DEFAULTS
+
+
+def _plain(v):
+    """A setting as a value: "inf" (as a capture's JSON writes it) is a float."""
+    if isinstance(v, str) and v.lower() in ("inf", "-inf", "infinity", "-infinity", "nan"):
+        return float(v)
+    return v
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _same(a, b) -> bool:
+    a, b = _plain(a), _plain(b)
+    if _number(a) and _number(b):
+        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+    return a == b
+
+
+def _driven(row, trainer):
+    """{hyperparameter: (setting, slope, offset)} for each hyperparameter of the row's method
+    that its trainer flags set (setting = offset + slope·h, found by moving h), and every
+    setting so set."""
+    from ..methods import get
+
+    m = get(row.method, **row.hparams)
+    base = method_settings(m, trainer) or {}
+    out, keys = {}, set()
+    for p, v in m.hparams.items():
+        if not _number(v) or not math.isfinite(v):
+            continue
+        step = 0.25 * max(abs(v), 0.1)
+        for d in (step, -step):
+            try:
+                moved = method_settings(get(row.method, **{**m.hparams, p: v + d}), trainer)
+            except ValueError:  # out of the hyperparameter's range: try the other way
+                continue
+            if moved is None:
+                continue
+            changed = [k for k in row.settings if _number(base.get(k)) and _number(moved.get(k))
+                       and moved[k] != base[k]]
+            keys.update(changed)
+            if changed:
+                k = changed[0]
+                slope = round((moved[k] - base[k]) / d, 9)
+                out[p] = (k, slope, base[k] - slope * v)
+            break
+    return out, keys
+
+
+def _solve(row, trainer, settings, clip_types):
+    """(hyperparameters, settings taken at the row's value, for each aggregation setting whether
+    it agrees) of `row` at `settings`, or None where the settings are not the row's."""
+    from ..methods import get
+
+    defaults = _defaults(trainer)
+    given = {k: _plain(v) for k, v in settings.items()}
+    for k, off in defaults.items():  # a knob this row does not set must be off
+        if k not in row.settings and given.get(k) is not None and not _same(given[k], off):
+            return None
+    driven, driven_keys = _driven(row, trainer) if row.method else ({}, set())
+    agg_same, assumed = [], []
+    for k, want in row.settings.items():
+        if k in driven_keys:
+            continue
+        have = defaults.get(k) if given.get(k) is None else given[k]
+        if k in AGG_SETTINGS or (k == "loss_type" and want in clip_types and have in clip_types):
+            agg_same.append(_same(want, have))
+        elif not _same(want, have):
+            return None
+    if row.method is None:
+        return {}, assumed, agg_same
+    hparams = dict(row.hparams)
+    for p, (k, slope, offset) in driven.items():
+        if given.get(k) is None:
+            assumed.append(k)
+        elif not _number(given[k]):
+            return None
+        else:
+            hparams[p] = (given[k] - offset) / slope if slope != 1 else given[k] - offset
+    try:
+        again = method_settings(get(row.method, **hparams), trainer)
+    except ValueError:
+        return None
+    if again is None or any(given.get(k) is not None and not _same(again.get(k), given[k])
+                            for k in driven_keys):
+        return None  # e.g. one ε for two different clip ratios
+    return get(row.method, **hparams).hparams, assumed, agg_same
+
+
+def find(trainer, settings):
+    """The row whose trainer settings `settings` are (keys as rows write them), with its method's
+    hyperparameters read back from them: (row, hparams, assumed, same_agg), or None where no row
+    matches. Each hyperparameter a method's trainer flags set is solved from that setting and
+    checked by writing the flags again; the other settings must equal the row's, except those of
+    the aggregation (`AGG_SETTINGS`, and TRL's clip loss types, one gate aggregated five ways),
+    on which an exact row wins. A setting the row needs and `settings` lacks is taken at the
+    row's value and listed in `assumed` (a row that needs fewer wins); a knob a row does not set
+    must be at its default (`SETTING_DEFAULTS` of conformance_trl / conformance_verl). Among
+    rows that match alike, the one with more aggregation settings equal wins, then the method
+    first in reading order (`names()`: ppo before dapo at ε_low = ε_high), then the row first
+    in the matrix."""
+    from ..methods import names
+    from . import TRL_CLIP_LOSS_TYPES
+
+    order = {n: i for i, n in enumerate(names())}
+    best = None
+    for i, row in enumerate(candidates(trainer)):
+        got = _solve(row, trainer, settings, TRL_CLIP_LOSS_TYPES if trainer == "trl" else ())
+        if got is None:
+            continue
+        hparams, assumed, agg = got
+        score = (all(agg), -len(assumed), sum(agg), -order.get(row.method, len(order)), -i)
+        if best is None or score > best[0]:
+            best = (score, (row, hparams, assumed, all(agg)))
+    return None if best is None else best[1]
+
+
 def _value(v) -> str:
     if v is None:
         return "null"  # as a Hydra override writes it
@@ -92,4 +256,5 @@ def markdown(rows=None) -> str:
                    ", ".join(r.side) or "—", r.status, r.note or "—") for r in rows), head)
 
 
-__all__ = ["Row", "STATUSES", "markdown", "matrix"]
+__all__ = ["AGG_SETTINGS", "Row", "STATUSES", "candidates", "find", "markdown", "matrix",
+           "method_settings"]

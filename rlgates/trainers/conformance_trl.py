@@ -34,6 +34,12 @@ TRL_AGG = {
     "luspo": "seq-mean-token-sum", "vespo": "token-mean",
 }
 
+#: The settings that tell rows apart, at GRPOConfig's defaults (TRL 1.16.0): a knob at its
+#: default is off, and a row that does not set a knob needs it off (`conformance.find`). Also
+#: what a capture that lacks one of them is taken to have.
+SETTING_DEFAULTS = {"delta": None, "off_policy_mask_threshold": None, "top_entropy_quantile": 1.0,
+                    "importance_sampling_level": "token"}
+
 _EMPTY_ROWS = ("TRL's mean over responses counts empty rows too; rlgates' skips them "
                "(trl_loss applies TRL's count).")
 
@@ -126,4 +132,5 @@ def branch_loss_types() -> list[str]:
     return found
 
 
-__all__ = ["TRL_AGG", "branch_loss_types", "knob_row", "loss_types", "trl_row", "trl_rows"]
+__all__ = ["SETTING_DEFAULTS", "TRL_AGG", "branch_loss_types", "knob_row", "loss_types", "trl_row",
+           "trl_rows"]

@@ -39,6 +39,10 @@ def method_row(method: str, status="equal", note="", side=(), **hparams) -> Row:
 #: for "bypass_mode"; see the rows' notes).
 BYPASS = "algorithm.rollout_correction."
 
+#: The settings that tell rows apart, at verl's defaults: a row that does not set one needs it
+#: at its default (`conformance.find`); also what a capture that lacks one is taken to have.
+SETTING_DEFAULTS = {f"{BYPASS}bypass_mode": False}
+
 
 def bypass_row(method, loss_type, rollout_is=None, status="equal", note="", **hparams) -> Row:
     """A bypass-mode row: `loss_type` (ppo_clip, reinforce) and `rollout_is` (None, token,
@@ -102,5 +106,5 @@ def verl_rows() -> list[Row]:
     ]
 
 
-__all__ = ["BYPASS", "POLICY_LOSS_KEYS", "bypass_row", "method_row", "verl_rows",
-           "verl_settings"]
+__all__ = ["BYPASS", "POLICY_LOSS_KEYS", "SETTING_DEFAULTS", "bypass_row", "method_row",
+           "verl_rows", "verl_settings"]

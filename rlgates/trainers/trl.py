@@ -51,7 +51,7 @@ from trl.trainer.utils import nanmax, nanmin
 from .. import _numerics as nx
 from .._side import SideInfo
 from ..methods.vespo import LOG_W_MAX, LOG_W_MIN
-from . import _detached_inputs, conformance_trl, flags, gate_stats, loss
+from . import TRL_CLIP_LOSS_TYPES, _detached_inputs, conformance_trl, flags, gate_stats, loss
 
 #: TRL loss_type -> the rlgates aggregation it uses (its normaliser: see `trl_loss`), for every
 #: TRL 1.16 loss type; written once, beside TRL's conformance rows (conformance_trl).
@@ -106,10 +106,11 @@ def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_len
         raise ValueError(f"loss_type {loss_type!r} has no rlgates mapping; use one of "
                          f"{sorted(TRL_AGG)}")
     agg = TRL_AGG[loss_type]
+    mask = nx.check_mask(mask, logp.shape, logp.device)  # TRL's int mask, checked once
     if loss_type in ("dapo", "cispo", "vespo"):
         n = num_items_in_batch
         if n is None:
-            n = nx.check_mask(mask, logp.shape, logp.device).sum()
+            n = mask.sum()
         norm = (torch.as_tensor(n).clamp(min=1.0) / num_processes
                 * grad_accum / steps_per_generation)
         return loss(method, logp, logp_old, adv, mask, agg, norm=norm, side=side)
@@ -184,7 +185,7 @@ def _vespo(r, a, m, f, procs):  # vespo/phi_seq_mean: φ(w) of each row, every r
 #: TRL loss_type -> (ρ as TRL's coef_1: [B, T], or [B, 1] at sequence level; A [B, 1]; mask;
 #: the method's TRL flags; the reductions) -> the clip metrics that loss_type logs (TRL 1.16.0,
 #: GRPOTrainer._compute_loss, "# Log the metrics").
-TRL_METRICS = {"grpo": _clip, "bnpo": _clip, "dr_grpo": _clip, "dapo": _clip, "luspo": _clip,
+TRL_METRICS = {**dict.fromkeys(TRL_CLIP_LOSS_TYPES, _clip),
                "cispo": _cispo, "sapo": _sapo, "vespo": _vespo}
 
 
@@ -224,7 +225,7 @@ def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None,
             out.update(TRL_METRICS[f["loss_type"]](nx.ratio_from_log(lr), a, m, f, procs))
         if entropy is not None:
             out["entropy"] = _global_mean(entropy.detach(), m, procs)
-        for k, v in gate_stats(method, logp, logp_old, adv, mask, side).items():
+        for k, v in gate_stats(method, logp, logp_old, adv, m, side).items():
             v = procs.gather(torch.tensor([v], device=logp.device)).mean().item()
             out[f"rlgates/{k}"] = v
     return out

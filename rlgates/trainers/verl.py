@@ -75,10 +75,10 @@ from verl.utils import torch_functional as verl_F
 
 from .. import _numerics as nx
 from .._side import SideInfo
-from . import _detached_inputs, flags, gate_stats, loss
+from . import VERL_PREFIX, _detached_inputs, flags, gate_stats, loss
 from ._verl_compat import patch_environment
 
-PREFIX = "rlgates_"
+PREFIX = VERL_PREFIX  # the names `register` gives
 
 
 def _mean(x, m):  # verl's own masked_mean: Σ/(n + 1e-8); counts as float32, as verl's .float()
@@ -129,13 +129,14 @@ def metrics(method, log_prob, old_log_prob, advantages, response_mask, side=None
     """The adapter's metrics for one micro-batch: verl's names and definitions where `method`
     has a verl built-in of its family, rlgates' gate statistics always (a side-input method's
     at `side`)."""
+    with torch.no_grad():
+        lp, old, a, m = _detached_inputs(log_prob, old_log_prob, advantages, response_mask)
     out = {f"actor/rlgates_{k}": v for k, v in
-           gate_stats(method, log_prob, old_log_prob, advantages, response_mask, side).items()}
+           gate_stats(method, log_prob, old_log_prob, advantages, m, side).items()}
     f = flags(method)["verl"]
     if f is None or f["loss_mode"] not in VERL_METRICS:
         return out
     with torch.no_grad():
-        lp, old, a, m = _detached_inputs(log_prob, old_log_prob, advantages, response_mask)
         return {**VERL_METRICS[f["loss_mode"]](lp, old, a, m, f), **out}
 
 
@@ -158,18 +159,15 @@ def policy_loss(method, agg=None):
         info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
         dp = info.get("dp_size") or 1
         mode = agg or loss_agg_mode
+        response_mask = nx.check_mask(response_mask, log_prob.shape, log_prob.device)  # once
         norm = length = None
         if mode == "token-sum":  # Σ·dp_size
             mode, norm = "token-mean", 1.0 / dp
-        elif mode == "token-mean":
-            n = info.get("batch_num_tokens")
+        else:  # verl's global count: tokens for token-mean, sequences for the seq-mean modes
+            key = "batch_num_tokens" if mode == "token-mean" else "global_batch_size"
+            n = info.get(key)
             if n is None and dp > 1:
-                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-            norm = None if n is None else torch.as_tensor(n, dtype=torch.float64) / dp
-        else:
-            n = info.get("global_batch_size")
-            if n is None and dp > 1:
-                raise ValueError("global_batch_size is required when dp_size > 1")
+                raise ValueError(f"(global) {key} is required when dp_size > 1")
             norm = None if n is None else torch.as_tensor(n, dtype=torch.float64) / dp
             if mode == "seq-mean-token-sum-norm":
                 length = info.get("loss_scale_factor")
