@@ -166,15 +166,30 @@ def _driven(row, trainer):
 def _solve(row, trainer, settings, clip_types):
     """(hyperparameters, settings taken at the row's value, for each aggregation setting whether
     it agrees) of `row` at `settings`, or None where the settings are not the row's."""
-    from ..methods import get
-
     defaults = _defaults(trainer)
     given = {k: _plain(v) for k, v in settings.items()}
-    for k, off in defaults.items():  # a knob this row does not set must be off
-        if k not in row.settings and given.get(k) is not None and not _same(given[k], off):
-            return None
+    if not _unset_knobs_off(row, defaults, given):
+        return None
     driven, driven_keys = _driven(row, trainer) if row.method else ({}, set())
-    agg_same, assumed = [], []
+    agg_same = _fixed_settings(row, defaults, given, driven_keys, clip_types)
+    if agg_same is None:
+        return None
+    if row.method is None:
+        return {}, [], agg_same
+    got = _read_hparams(row, trainer, given, driven, driven_keys)
+    return None if got is None else (*got, agg_same)
+
+
+def _unset_knobs_off(row, defaults, given) -> bool:
+    """Whether every knob the row does not set is at its trainer default."""
+    return all(k in row.settings or given.get(k) is None or _same(given[k], off)
+               for k, off in defaults.items())
+
+
+def _fixed_settings(row, defaults, given, driven_keys, clip_types):
+    """For each aggregation setting of the row, whether `given` agrees; None where another
+    setting the row fixes (not one a hyperparameter drives) differs."""
+    agg_same = []
     for k, want in row.settings.items():
         if k in driven_keys:
             continue
@@ -183,9 +198,16 @@ def _solve(row, trainer, settings, clip_types):
             agg_same.append(_same(want, have))
         elif not _same(want, have):
             return None
-    if row.method is None:
-        return {}, assumed, agg_same
-    hparams = dict(row.hparams)
+    return agg_same
+
+
+def _read_hparams(row, trainer, given, driven, driven_keys):
+    """(hyperparameters, settings assumed at the row's value): each driven hyperparameter
+    solved from its setting, then checked by writing the flags again; None where they
+    disagree (e.g. one ε for two different clip ratios)."""
+    from ..methods import get
+
+    hparams, assumed = dict(row.hparams), []
     for p, (k, slope, offset) in driven.items():
         if given.get(k) is None:
             assumed.append(k)
@@ -199,8 +221,8 @@ def _solve(row, trainer, settings, clip_types):
         return None
     if again is None or any(given.get(k) is not None and not _same(again.get(k), given[k])
                             for k in driven_keys):
-        return None  # e.g. one ε for two different clip ratios
-    return get(row.method, **hparams).hparams, assumed, agg_same
+        return None
+    return get(row.method, **hparams).hparams, assumed
 
 
 def find(trainer, settings):
