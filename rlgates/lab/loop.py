@@ -31,8 +31,7 @@ that arm trained alone (tested).
 
 from __future__ import annotations
 
-import functools
-import inspect
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -45,7 +44,7 @@ from .. import diagnostics
 from .._side import SideInfo
 from ..advantages import group_advantages
 from ..devices import on_accelerator
-from ..methods import get
+from ..methods import Method, get
 from ..policy import LabPolicy
 from ..regularisers import entropy
 from ._optim import _adam, _clip_grad_norm_per_run
@@ -193,56 +192,42 @@ def default_agg(method) -> str:
     return getattr(resolve(method), "agg", None) or "token-mean"
 
 
-def _takes_is_weight(m) -> bool:
-    loss = getattr(m.loss, "__func__", m.loss)  # a method's function: one signature per class
-    try:
-        return _has_is_weight(loss)
-    except TypeError:  # an unhashable callable
-        return _has_is_weight.__wrapped__(loss)
-
-
-@functools.lru_cache(maxsize=256)
-def _has_is_weight(loss) -> bool:
-    try:
-        return "is_weight" in inspect.signature(loss).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def summed_loss(m, logp, logp_old, adv, mask, agg, is_weight=None, side=None):
     """Σ_r m.loss(run r) for [R, b, T] inputs: each run's own loss, added up.
 
-    One call on the R·b rows. Within run r, its own aggregation weight is the merged batch's
-    times a constant: N / N_r, with N the tokens (token-mean) or the non-empty responses (the
-    seq-mean modes) of all runs and N_r those of run r. Passing that constant (times
-    `is_weight`) as the loss's per-token weight makes the merged loss equal the sum of the
-    per-run losses, for every aggregation mode (tested). A method whose loss takes no
-    `is_weight` (a hand-written object), or that reads side information (its batch statistics
-    must stay each run's own), is called run by run, with run r's part of `side` (a SideInfo
-    over [R, b, T]); a side field nobody gave raises the method's ValueError, which names it.
+    An rlgates Method: one call on the R·b rows. Within run r, its own aggregation weight is
+    the merged batch's times a constant: N / N_r, with N the tokens (token-mean) or the
+    non-empty responses (the seq-mean modes) of all runs and N_r those of run r. Passing that
+    constant (times `is_weight`) as the loss's per-token weight makes the merged loss equal the
+    sum of the per-run losses, for every aggregation mode (tested).
+
+    Run by run instead: a method that reads side information (`.side_inputs`: its batch
+    statistics must stay each run's own), with run r's part of `side` (a SideInfo over
+    [R, b, T]; a side field nobody gave raises the method's ValueError, which names it); and
+    any other object with a `.loss`, given `is_weight=` only when it is not None. `side` goes
+    only to a method that reads it.
     """
     mask = nx.check_mask(mask, logp.shape, logp.device)
-    R = logp.shape[0]
-    if getattr(m, "side_inputs", ()):  # its batch statistics (a covariance, a pick) are per run
-        w = [None] * R if is_weight is None else is_weight
-        return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg, is_weight=w[r],
-                          side=_run_side(side, r)) for r in range(R))
-    if not _takes_is_weight(m):
-        if is_weight is not None:
-            raise TypeError(f"{m!r}.loss takes no is_weight: use anchor='behaviour'")
-        return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg) for r in range(R))
+    R, reads_side = logp.shape[0], bool(getattr(m, "side_inputs", ()))
+    if reads_side or not isinstance(m, Method):
+        side = side if reads_side else None
+        return sum(m.loss(logp[r], logp_old[r], adv[r], mask[r], agg,
+                          **_run_inputs(is_weight, side, r, logp.shape)) for r in range(R))
     w = nx.run_scale(mask, agg).to(logp.dtype).view(R, 1, 1).expand_as(logp)
     if is_weight is not None:
         w = w * is_weight
-    flat = (lambda x: x.flatten(0, 1))  # [R, b, ...] -> [R·b, ...]
-    return m.loss(flat(logp), flat(logp_old), flat(adv), flat(mask), agg, is_weight=flat(w))
+    logp, logp_old, adv, mask, w = (x.flatten(0, 1) for x in (logp, logp_old, adv, mask, w))
+    return m.loss(logp, logp_old, adv, mask, agg, is_weight=w)  # on the [R·b, ...] rows
 
 
-def _run_side(side, r):
-    """Run r's part of a SideInfo over [R, b, T] (None stays None)."""
-    if side is None:
-        return None
-    return side.replace(**{n: getattr(side, n)[r] for n in side.given()})
+def _run_inputs(is_weight, side, r, shape):
+    """Run r's is_weight= and side= keywords for its own loss, each only when given."""
+    given = {}
+    if is_weight is not None:
+        given["is_weight"] = is_weight[r]
+    if side is not None:
+        given["side"] = side.index(r, shape)
+    return given
 
 
 _DRAW_SEED = 7_777_777  # offsets a run's seed for its draws' generator, apart from its rollouts'
@@ -302,101 +287,6 @@ def rollout(cfg, policy, generators, task=None) -> Rollout:
                    routing)
 
 
-@torch.no_grad()
-def _anchor(cfg, prox, logp, mask):
-    """One arm's (log π_old of the ratio, behaviour weight or None), on its runs' rows: the
-    rollout's own log-probs `logp`, or at the "proximal" anchor the policy's now (`prox`),
-    weighted by min(π_prox/π_behav, C) or by `cfg.correction`'s rule."""
-    if cfg.anchor == "behaviour":
-        return logp, None
-    if cfg.correction is None:
-        w = (prox - logp).exp()
-        return prox, (w.clamp(max=cfg.is_cap) if cfg.is_cap else w)
-    flat = (lambda x: x.flatten(0, 1))  # its own rule, on [R·B, T] rows
-    w = cfg.correction.weight(flat(prox), flat(logp), flat(mask))
-    return prox, w.view_as(prox).to(prox.dtype)
-
-
-@torch.no_grad()
-def _anchors(arms, policy, batch, routing=None):
-    """Every arm's anchor (`_anchor`), as [R, B, T] tensors: (log π_old, behaviour weight or
-    None, which arms are weighted). π_prox is computed once, for all runs, if an arm needs it
-    (a MoE policy's with `routing` replayed, if given: router replay R3)."""
-    prox = None
-    if any(a.config.anchor == "proximal" for a in arms):
-        replay = {} if routing is None else {"routing": routing}
-        prox = policy.log_probs(batch.tokens, batch.prompts, **replay)
-    parts = [_anchor(a.config, None if prox is None else prox[a.rows], batch.logp[a.rows],
-                     batch.mask[a.rows]) for a in arms]
-    weighted = [w is not None for _, w in parts]
-    is_w = torch.cat([torch.ones_like(old) if w is None else w for old, w in parts]) \
-        if any(weighted) else None
-    return torch.cat([old for old, _ in parts]), is_w, weighted
-
-
-def _take(runs, idx):
-    """x → x[runs, idx], each run's own rows (None stays None)."""
-    return lambda x: None if x is None else x[runs, idx]
-
-
-def _rollout_info(step, version, batch):
-    """The hook's view of a rollout; a single run's tensors without the runs dimension."""
-    one = (lambda x: x[0]) if len(batch.tokens) == 1 else (lambda x: x)
-    return {"step": step, "version": version, "prompts": one(batch.prompts),
-            "tokens": one(batch.tokens), "logp_behaviour": one(batch.logp)}
-
-
-def _rows_side(side, rows):
-    """The SideInfo of some runs' rows (None stays None)."""
-    if side is None:
-        return None
-    return side.replace(**{n: getattr(side, n)[rows] for n in side.given()})
-
-
-def _arms_loss(plan, weighted, logp, logp_old, adv, mask, is_w, side=None):
-    """Every arm's summed loss on its own rows, added: one backward serves them all."""
-    return torch.stack([
-        summed_loss(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows], mask[a.rows], a.agg,
-                    is_weight=is_w[a.rows] if wt else None, side=_rows_side(side, a.rows))
-        for a, wt in zip(plan, weighted, strict=True)]).sum()
-
-
-def _arms_stats(plan, weighted, logp, logp_old, adv, mask, ent, is_w, batch, group, side=None):
-    """diagnostics.step_stats on every arm's own rows, joined: {key: [R]}."""
-    stats = [diagnostics.step_stats(a.m, logp[a.rows], logp_old[a.rows], adv[a.rows],
-                                    mask[a.rows], ent[a.rows], a.agg,
-                                    is_weight=is_w[a.rows] if wt else None,
-                                    rewards=batch.rewards[a.rows], group=group,
-                                    side=_rows_side(side, a.rows))
-             for a, wt in zip(plan, weighted, strict=True)]
-    return {k: torch.cat([s[k] for s in stats]) for k in stats[0]}
-
-
-def _keep(kept, m, logp, logp_old, adv, mask, side=None):
-    """keep_log_ratios: append, per run, the token log ρ and (gate, A) of the real tokens."""
-    b = diagnostics.Batch(m, logp, logp_old, adv, mask, side=side)
-    gate = b.gate if callable(getattr(m, "gate", None)) else None
-    for r, (log_ratios, gates) in enumerate(kept):
-        real = b.mask[r]
-        log_ratios.append(b.token_log_ratio[r][real].float().cpu())
-        if gate is not None:
-            gates.append((gate[r][real].float().cpu(), b.adv[r][real].float().cpu()))
-
-
-def _progress(label, steps, every):
-    """The step printer of `train(progress=)`; None when silent."""
-    if not every:
-        return None
-    t0 = time.perf_counter()
-
-    def show(step, row):
-        if (step + 1) % every == 0 or step + 1 == steps:
-            print(f"{label} step {step + 1:>4}/{steps}: reward {float(row['reward'].mean()):.3f}"
-                  f", max |log ρ| {float(row['log_ratio_absmax'].max()):.2f} "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    return show
-
-
 class Arm(NamedTuple):
     """One arm of `run_many`: a method and, where it differs from the call's, its anchor
     (`config`: only `ARM_FIELDS` may differ from the call's config), its lag and its
@@ -412,73 +302,6 @@ class Arm(NamedTuple):
 #: (sizes, steps, optimiser) is shared, since all arms train as one computation.
 ARM_FIELDS = ("anchor", "is_cap", "correction", "advantage", "gamma", "lam", "cliprange_value",
               "critic_lr", "kl_coef", "kl_penalty")
-
-
-class _Arm(NamedTuple):
-    """An arm as the loop runs it: its method object, aggregation, config, lag, and its runs'
-    rows (arm-major: arm a's seed i is row a·len(seeds) + i)."""
-
-    m: object
-    agg: str
-    config: LabConfig
-    lag: int
-    rows: slice
-
-
-def _check(cfg, lag, agg):
-    if lag < 0:
-        raise ValueError(f"lag must be ≥ 0, got {lag}")
-    if cfg.anchor not in ("behaviour", "proximal"):
-        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {cfg.anchor!r}")
-    if cfg.correction is not None and (cfg.anchor != "proximal"
-                                       or not callable(getattr(cfg.correction, "weight", None))):
-        raise ValueError("correction needs anchor='proximal' and a .weight(logp_prox, "
-                         f"logp_behav, mask) method, got {cfg.correction!r}")
-    if agg not in nx.AGG_MODES:
-        raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
-    check_config(cfg)
-
-
-def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_ratios, hook=None):
-    """Train every arm ({label: Arm}) with every seed as one batched computation:
-    {label: [LabResult per seed]}. Each run depends on its own rows only, so run r of an arm
-    equals that arm trained alone (tested)."""
-    base = config or next((a.config for a in arms.values() if a.config is not None), None)
-    base = base or LabConfig.for_device("cpu")
-    base = base if steps is None else base.replace(steps=int(steps))
-    seeds, plan = [int(s) for s in seeds], []
-    for a, (label, arm) in enumerate(arms.items()):
-        m = resolve(arm.method)
-        own = base if arm.config is None else base.replace(
-            **{f: getattr(arm.config, f) for f in ARM_FIELDS})
-        if arm.config is not None and own != arm.config.replace(steps=base.steps):
-            raise ValueError(f"arm {label!r}: its config may differ from the call's only in "
-                             f"{ARM_FIELDS}")
-        arm_lag, arm_agg = lag if arm.lag is None else arm.lag, arm.agg or agg or default_agg(m)
-        _check(own, arm_lag, arm_agg)
-        plan.append(_Arm(m, arm_agg, own, arm_lag, slice(a * len(seeds), (a + 1) * len(seeds))))
-    if hook is not None and len(plan) > 1:
-        raise ValueError("hook= needs a single arm (lab.train)")
-    every = (max(1, base.steps // 5) if progress is True else int(progress)) if progress else 0
-    lags = sorted({a.lag for a in plan})
-    show = _progress(f"[{', '.join(map(str, arms))} lag {', '.join(map(str, lags))}, "
-                     f"{len(plan) * len(seeds)} runs]", base.steps, every)
-    threads = torch.get_num_threads()
-    if base.threads and torch.device(base.device).type == "cpu":
-        torch.set_num_threads(base.threads)
-    try:
-        table, kept = _train(plan, base, seeds, keep_log_ratios, hook or _ignore,
-                             show or _ignore)
-    finally:
-        torch.set_num_threads(threads)
-    out = {}
-    for label, a in zip(arms, plan, strict=True):
-        keys = [k for k in table if a.config.advantage == "gae" or k not in CRITIC_METRICS]
-        out[label] = [LabResult(method_name(a.m), s, a.lag, a.agg, a.config,
-                                {k: table[k][r].tolist() for k in keys},
-                                *(kept[r] if keep_log_ratios else (None, None)))
-                      for r, s in zip(range(a.rows.start, a.rows.stop), seeds, strict=True)]
-    return out
 
 
 def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None = None,
@@ -506,126 +329,6 @@ def train(method, config: LabConfig | None = None, seeds=(0,), steps: int | None
     name = method_name(method)
     return _batched({name: Arm(method)}, config, seeds, steps, lag, agg, progress,
                     keep_log_ratios, hook)[name]
-
-
-def _behaviour(history, plan, seeds):
-    """The rollout policy's weights: arm a's runs from the policy `a.lag` updates old (the
-    oldest kept at the start)."""
-    newest = len(history) - 1
-    picks = [history[max(0, newest - a.lag)] for a in plan]
-    if all(p is picks[0] for p in picks):
-        return picks[0]
-    return {k: torch.cat([p[k][a.rows] for a, p in zip(plan, picks, strict=True)])
-            for k in picks[0]}
-
-
-def _ignore(*_args):
-    """A hook or progress printer that does nothing."""
-
-
-def _side_reader(plan, seeds, dev):
-    """side_of(entropy, behaviour log-probs): the lab's SideInfo (`lab_side`, run r drawing from
-    its own generator) when an arm's method reads side information, else None."""
-    if not any(getattr(a.m, "side_inputs", ()) for a in plan):
-        return lambda ent, sampled: None
-    draws = [torch.Generator(device=dev).manual_seed(s + _DRAW_SEED) for s in seeds]
-    return lambda ent, sampled: lab_side(ent, sampled, draws)
-
-
-def _shuffles(gens, n):
-    """[R, n]: one permutation of the batch's rows per run, run r's from gens[r]."""
-    return torch.stack([torch.randperm(n, generator=g, device=g.device) for g in gens])
-
-
-def _staleness(updates, versions, n_updates, n_seeds):
-    """Each run's mean staleness over the step's updates: how many updates its behaviour policy
-    was behind, averaged over the updates (arm-major, one value per run)."""
-    stale = [float(updates - v - (n_updates + 1) / 2) for v in versions]
-    return torch.tensor(stale).repeat_interleave(n_seeds)
-
-
-def _moe_routing(plan, cfg, seeds, dev):
-    """rlgates.moe.LabRouting for a config with `moe` set, else None."""
-    if cfg.moe is None:
-        return None
-    from ..moe import LabRouting
-    return LabRouting(cfg, seeds, dev, anchors={a.config.anchor for a in plan})
-
-
-def _scored(cfg, source, gens, task, moe, critics):
-    """The step's rollout batch: sampled from `source` (through a MoE engine if any), scored,
-    with its advantages (a critic arm's per token: `critic.Critics.advantages`)."""
-    return critics.advantages(rollout(cfg, moe.engine(source) if moe else source, gens, task))
-
-
-def _forward(policy, moe, batch, runs, idx):
-    """The policy on each run's minibatch rows idx [R, b] (a MoE policy with its routing as
-    `moe` replays it): the tokens' log-probs and the entropy at each token, [R, b, T] each."""
-    prompts, tok = batch.prompts[runs, idx], batch.tokens[runs, idx]
-    logits = (moe.logits(policy, prompts, tok, runs, idx, batch.mask[runs, idx]) if moe
-              else policy.logits(prompts, tok))  # [R, b, T, vocab]
-    logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
-    return logp, entropy(logits.detach())
-
-
-def _train(plan, cfg, seeds, keep, hook, show):
-    """ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's: rows a.rows)."""
-    dev, task = torch.device(cfg.device), cfg.task()
-    all_seeds = seeds * len(plan)  # arm-major: every arm starts from the same seeds
-    R, lag = len(all_seeds), max(a.lag for a in plan)
-    policy = cfg.policy(all_seeds).to(dev)
-    behaviour = cfg.policy(all_seeds).to(dev).requires_grad_(False)  # the lagged copy
-    opt, critics = _adam(policy.parameters(), cfg.lr), Critics(plan, cfg, all_seeds, dev)
-    gens = [torch.Generator(device=dev).manual_seed(s) for s in all_seeds]
-    runs = torch.arange(R, device=dev)[:, None]  # x[runs, idx]: each run's own rows
-    history = deque([policy.state()], maxlen=lag + 1)  # [0]: the policy `lag` updates old
-    rows, kept, updates = [], [([], []) for _ in all_seeds], 0
-    side_of = _side_reader(plan, all_seeds, dev)  # None unless an arm's method reads it
-    moe = _moe_routing(plan, cfg, all_seeds, dev)  # a MoE engine and router replay, or None
-    for step in range(cfg.steps):
-        # ROLLOUT: from the behaviour policy (each arm's `lag` updates old), scored, advantages
-        if lag:
-            behaviour.load_state_dict(_behaviour(history, plan, seeds))
-        versions = [updates - min(len(history) - 1, a.lag) for a in plan]
-        batch = _scored(cfg, behaviour if lag else policy, gens, task, moe, critics)
-        replayed = moe.start(policy, batch) if moe else None  # R3: the engine's routing
-        logp_old, is_w, weighted = _anchors(plan, policy, batch, replayed)  # anchor, weight
-        hook("rollout", {**_rollout_info(step, versions[0], batch), "policy": policy})
-
-        # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
-        seen = []
-        for _ in range(cfg.epochs):
-            for idx in _shuffles(gens, cfg.batch).chunk(cfg.minibatches, dim=1):  # [R, b]
-                at, (logp, ent) = _take(runs, idx), _forward(policy, moe, batch, runs, idx)
-                loss = _arms_loss(plan, weighted, logp, at(logp_old), at(batch.adv),
-                                  at(batch.mask), at(is_w), side_of(ent, at(batch.logp)))
-                opt.zero_grad()
-                loss.backward()
-                grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
-                opt.step()
-                critics.update(batch, idx)  # a critic arm's value model: one step, same rows
-                updates += 1
-                if lag:
-                    history.append(policy.state())
-                hook("update", {"update": updates, "policy": policy})
-                seen.append((idx, logp.detach(), ent, grad_norm[:, None], at(batch.logp)))
-
-        # METRICS: observation only; each run's row, over all the tokens its updates saw
-        idx, logp, ent, norms, sampled = (torch.cat(x, 1) for x in zip(*seen, strict=True))
-        at = _take(runs, idx)
-        seen_by = logp, at(logp_old), at(batch.adv), at(batch.mask)  # what each update saw
-        side = side_of(ent, sampled)  # the step's own batch statistics, and a fresh draw
-        rows.append({"step": torch.full((R,), float(step)),
-                     **_arms_stats(plan, weighted, *seen_by, ent, at(is_w), batch, cfg.group,
-                                   side),
-                     "rare": batch.right[..., task.rare_positions().to(dev)].float().mean((1, 2)),
-                     "grad_norm": norms.mean(1),
-                     "staleness": _staleness(updates, versions, norms.shape[1], len(seeds)),
-                     **(moe.metrics() if moe else {}), **critics.stats()})
-        for a in plan if keep else ():
-            _keep(kept[a.rows], a.m, *(x[a.rows] for x in seen_by), _rows_side(side, a.rows))
-        show(step, rows[-1])
-    return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
 
 
 def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=None, lag=0,
@@ -660,6 +363,369 @@ def run_many(methods, seeds=range(10), config: LabConfig | None = None, steps=No
         print(f"{len(out)} arms × {len(list(seeds))} seeds, trained together in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
     return out
+
+
+class _Arm(NamedTuple):
+    """An arm as the loop runs it: its method object, aggregation, config, lag, and its runs'
+    rows (arm-major: arm a's seed i is row a·len(seeds) + i)."""
+
+    m: object
+    agg: str
+    config: LabConfig
+    lag: int
+    rows: slice
+
+    @property
+    def weighted(self) -> bool:
+        """Whether its loss takes a behaviour weight (`is_weight=`): the "proximal" anchor."""
+        return self.config.anchor == "proximal"
+
+    def part(self, x):
+        """Its runs' rows of a tensor or SideInfo over all runs [R, ...] (None stays None)."""
+        if x is None:
+            return None
+        return x.index(self.rows) if isinstance(x, SideInfo) else x[self.rows]
+
+
+class _Plan(NamedTuple):
+    """A batched call, merged and checked once (`_Plan.build`): the config every arm shares,
+    the seeds, and each arm as the loop runs it."""
+
+    config: LabConfig
+    seeds: list
+    labels: tuple
+    arms: tuple  # _Arm per label; arm a's runs are rows a·len(seeds) ... (a+1)·len(seeds) - 1
+
+    @classmethod
+    def build(cls, arms: dict, config=None, seeds=(0,), steps=None, lag=0, agg=None) -> _Plan:
+        """{label: Arm} and the call's arguments → the plan. The shared config: `config`, else
+        the first arm's, else LabConfig.for_device("cpu"), with `steps` if given; each arm's
+        own: the shared one with its `ARM_FIELDS`; its lag and aggregation: its own, else the
+        call's (else the method's `.agg`). Every arm is checked here, before any training."""
+        base = config or next((a.config for a in arms.values() if a.config is not None), None)
+        base = base or LabConfig.for_device("cpu")
+        base = base if steps is None else base.replace(steps=int(steps))
+        seeds, n = [int(s) for s in seeds], len(seeds)
+        planned = [_planned(label, arm, base, lag, agg, slice(a * n, (a + 1) * n))
+                   for a, (label, arm) in enumerate(arms.items())]
+        return cls(base, seeds, tuple(arms), tuple(planned))
+
+    @property
+    def all_seeds(self) -> list:
+        """Every run's seed, arm-major: every arm starts from the same seeds."""
+        return self.seeds * len(self.arms)
+
+
+def _planned(label, arm, base, lag, agg, rows) -> _Arm:
+    """One arm of `_Plan.build`, its config merged with the call's and checked."""
+    m = resolve(arm.method)
+    own = base if arm.config is None else base.replace(
+        **{f: getattr(arm.config, f) for f in ARM_FIELDS})
+    if arm.config is not None and own != arm.config.replace(steps=base.steps):
+        raise ValueError(f"arm {label!r}: its config may differ from the call's only in "
+                         f"{ARM_FIELDS}")
+    a = _Arm(m, arm.agg or agg or default_agg(m), own, lag if arm.lag is None else arm.lag, rows)
+    _check(a.config, a.lag, a.agg)
+    return a
+
+
+def _check(cfg, lag, agg):
+    if lag < 0:
+        raise ValueError(f"lag must be ≥ 0, got {lag}")
+    if cfg.anchor not in ("behaviour", "proximal"):
+        raise ValueError(f"anchor must be 'behaviour' or 'proximal', got {cfg.anchor!r}")
+    if cfg.correction is not None and (cfg.anchor != "proximal"
+                                       or not callable(getattr(cfg.correction, "weight", None))):
+        raise ValueError("correction needs anchor='proximal' and a .weight(logp_prox, "
+                         f"logp_behav, mask) method, got {cfg.correction!r}")
+    if agg not in nx.AGG_MODES:
+        raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
+    check_config(cfg)
+
+
+def _batched(arms: dict, config, seeds, steps, lag, agg, progress, keep_log_ratios, hook=None):
+    """Train every arm ({label: Arm}) with every seed as one batched computation:
+    {label: [LabResult per seed]}. Each run depends on its own rows only, so run r of an arm
+    equals that arm trained alone (tested)."""
+    plan = _Plan.build(arms, config, seeds, steps, lag, agg)
+    if hook is not None and len(plan.arms) > 1:
+        raise ValueError("hook= needs a single arm (lab.train)")
+    with _threads(plan.config):
+        table, kept = _train(plan, keep_log_ratios, hook or _ignore, _progress(plan, progress))
+    return {label: _results(a, plan.seeds, table, kept if keep_log_ratios else None)
+            for label, a in zip(plan.labels, plan.arms, strict=True)}
+
+
+def _train(plan, keep, hook, show):
+    """The loop: ROLLOUT, UPDATE, METRICS, step by step, every arm's runs at once (arm a's:
+    rows a.rows). Returns ({metric: [R, steps]}, per run its kept (log ρ, (gate, A)) lists)."""
+    cfg, seeds, arms = plan.config, plan.all_seeds, plan.arms
+    dev, task = torch.device(cfg.device), cfg.task()
+    policy = cfg.policy(seeds).to(dev)
+    behaviour = _Behaviour(plan, policy, dev)  # each arm's rollout policy, `lag` updates old
+    opt, critics = _adam(policy.parameters(), cfg.lr), Critics(arms, cfg, seeds, dev)
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]  # run r's own stream
+    runs = torch.arange(len(seeds), device=dev)[:, None]  # x[runs, idx]: each run's own rows
+    side_of = _side_reader(arms, seeds, dev)  # None unless an arm's method reads it
+    moe = _moe_routing(arms, cfg, seeds, dev)  # a MoE engine and router replay, or None
+    rows, kept = [], [([], []) for _ in seeds]
+    for step in range(cfg.steps):
+        # ROLLOUT: sampled by the behaviour policy, scored, advantages; the ratio's anchor
+        source, versions = behaviour.load()
+        sampler = moe.engine(source) if moe else source  # a MoE engine: rounding, noise
+        batch = critics.advantages(rollout(cfg, sampler, gens, task))  # a critic arm's A
+        replayed = moe.start(policy, batch) if moe else None  # R3: the engine's routing
+        logp_old, is_w = _anchors(arms, policy, batch, replayed)  # is_w: behaviour weight
+        hook("rollout", {**_rollout_info(step, versions[0], batch), "policy": policy})
+
+        # UPDATE: one optimiser step per minibatch; m.loss is the only method-specific line
+        seen = []
+        for idx in _minibatches(gens, cfg):  # [R, b]: each run's own rows
+            mb = _Seen.take(batch, logp_old, is_w, runs, idx)
+            logp, ent = _forward(policy, moe, batch, runs, idx)
+            loss = _arms_loss(arms, logp, mb, side_of(ent, mb.sampled))
+            opt.zero_grad()
+            loss.backward()
+            grad_norm = _clip_grad_norm_per_run(policy.parameters(), cfg.max_grad_norm)
+            opt.step()
+            critics.update(batch, idx)  # a critic arm's value model: one step, same rows
+            hook("update", {"update": behaviour.stepped(), "policy": policy})
+            seen.append(mb._replace(logp=logp.detach(), entropy=ent, grad_norm=grad_norm[:, None]))
+
+        # METRICS: observation only; each run's row, over all the tokens its updates saw
+        seen = _Seen.join(seen)
+        side = side_of(seen.entropy, seen.sampled)  # the step's batch statistics, a fresh draw
+        rows.append({"step": torch.full((len(seeds),), float(step)),
+                     **_arms_stats(arms, seen, batch, cfg.group, side),
+                     "rare": batch.right[..., task.rare_positions().to(dev)].float().mean((1, 2)),
+                     "grad_norm": seen.grad_norm.mean(1),
+                     "staleness": _staleness(behaviour.updates, versions,
+                                             seen.grad_norm.shape[1], len(plan.seeds)),
+                     **(moe.metrics() if moe else {}), **critics.stats()})
+        for a in arms if keep else ():
+            _keep(kept, a, seen, side)
+        show(step, rows[-1])
+    return {k: torch.stack([r[k].double().cpu() for r in rows], 1) for k in rows[0]}, kept
+
+
+# -- the loop's pieces, in the order it uses them --------------------------------------------
+
+class _Behaviour:
+    """The rollout policy, and the count of optimiser steps. With every arm's lag 0, the policy
+    itself; else a copy, loaded before each rollout with arm a's weights from `a.lag` updates
+    ago (the oldest kept at the start)."""
+
+    def __init__(self, plan, policy, dev):
+        self.arms, self.policy, self.updates = plan.arms, policy, 0
+        self.lag = max(a.lag for a in plan.arms)
+        self.history = deque([policy.state()], maxlen=self.lag + 1)  # [0]: `lag` updates old
+        if self.lag:
+            self.copy = plan.config.policy(plan.all_seeds).to(dev).requires_grad_(False)
+
+    def load(self):
+        """(the policy that samples this step's rollout, each arm's version of it)."""
+        newest = len(self.history) - 1
+        versions = [self.updates - min(newest, a.lag) for a in self.arms]
+        if not self.lag:
+            return self.policy, versions
+        picks = [self.history[max(0, newest - a.lag)] for a in self.arms]
+        weights = picks[0]
+        if any(p is not weights for p in picks):  # arms of different lags: each its own rows
+            weights = {k: torch.cat([p[k][a.rows] for a, p in zip(self.arms, picks, strict=True)])
+                       for k in weights}
+        self.copy.load_state_dict(weights)
+        return self.copy, versions
+
+    def stepped(self) -> int:
+        """After an optimiser step: count it (the policy is now that version) and keep it."""
+        self.updates += 1
+        if self.lag:
+            self.history.append(self.policy.state())
+        return self.updates
+
+
+@torch.no_grad()
+def _anchors(arms, policy, batch, routing=None):
+    """Every arm's anchor (`_anchor`), [R, B, T]: (log π_old, the behaviour weight: None when no
+    arm is weighted, else 1 on an unweighted arm's rows). π_prox is computed once, for all runs,
+    if an arm needs it (a MoE policy's with `routing` replayed, if given: router replay R3)."""
+    prox = None
+    if any(a.weighted for a in arms):
+        replay = {} if routing is None else {"routing": routing}
+        prox = policy.log_probs(batch.tokens, batch.prompts, **replay)
+    parts = [_anchor(a.config, a.part(prox), a.part(batch.logp), a.part(batch.mask))
+             for a in arms]
+    logp_old = torch.cat([old for old, _ in parts])
+    if prox is None:
+        return logp_old, None
+    return logp_old, torch.cat([torch.ones_like(old) if w is None else w for old, w in parts])
+
+
+@torch.no_grad()
+def _anchor(cfg, prox, logp, mask):
+    """One arm's (log π_old of the ratio, behaviour weight or None), on its runs' rows: the
+    rollout's own log-probs `logp`, or at the "proximal" anchor the policy's now (`prox`),
+    weighted by min(π_prox/π_behav, C) or by `cfg.correction`'s rule."""
+    if cfg.anchor == "behaviour":
+        return logp, None
+    if cfg.correction is None:
+        w = (prox - logp).exp()
+        return prox, (w.clamp(max=cfg.is_cap) if cfg.is_cap else w)
+    w = cfg.correction.weight(prox.flatten(0, 1), logp.flatten(0, 1), mask.flatten(0, 1))
+    return prox, w.view_as(prox).to(prox.dtype)  # its own rule, on the [R·B, T] rows
+
+
+class _Seen(NamedTuple):
+    """Rows of the step's rollout as the updates see them, [R, b, ...] each: one minibatch's
+    (`take`), or every update's of the step side by side (`join`), for the step's metrics."""
+
+    logp_old: torch.Tensor  # the ratio's anchor, log π_old
+    adv: torch.Tensor  # [R, b] (group A) or [R, b, T] (a critic arm's)
+    mask: torch.Tensor
+    is_weight: torch.Tensor | None  # the behaviour weight (None: no arm is weighted)
+    sampled: torch.Tensor  # the behaviour policy's log-probs (for the side information)
+    logp: torch.Tensor | None = None  # the policy's, as the update saw them (detached)
+    entropy: torch.Tensor | None = None  # the policy's entropy at each token
+    grad_norm: torch.Tensor | None = None  # [R, 1] per update, before clipping
+
+    @classmethod
+    def take(cls, batch, logp_old, is_weight, runs, idx) -> _Seen:
+        """Each run's rows idx [R, b] of the rollout and of its anchor."""
+        return cls(*(None if x is None else x[runs, idx]
+                     for x in (logp_old, batch.adv, batch.mask, is_weight, batch.logp)))
+
+    @classmethod
+    def join(cls, seen) -> _Seen:
+        """Several updates' rows side by side: every field joined along the rows."""
+        return cls(*(None if x[0] is None else torch.cat(x, 1) for x in zip(*seen, strict=True)))
+
+
+def _minibatches(gens, cfg):
+    """UPDATE's minibatches, [R, b] rows each: per pass (`cfg.epochs`), one shuffle of the batch
+    per run (run r's from gens[r]), cut into `cfg.minibatches`."""
+    for _ in range(cfg.epochs):
+        shuffled = torch.stack([torch.randperm(cfg.batch, generator=g, device=g.device)
+                                for g in gens])
+        yield from shuffled.chunk(cfg.minibatches, dim=1)
+
+
+def _forward(policy, moe, batch, runs, idx):
+    """The policy on each run's minibatch rows idx [R, b] (a MoE policy with its routing as
+    `moe` replays it): the tokens' log-probs and the entropy at each token, [R, b, T] each."""
+    prompts, tok = batch.prompts[runs, idx], batch.tokens[runs, idx]
+    logits = (moe.logits(policy, prompts, tok, runs, idx, batch.mask[runs, idx]) if moe
+              else policy.logits(prompts, tok))  # [R, b, T, vocab]
+    logp = logits.log_softmax(-1).gather(-1, tok[..., None])[..., 0]
+    return logp, entropy(logits.detach())
+
+
+def _arms_loss(arms, logp, s, side=None):
+    """Every arm's summed loss on its own rows, added: one backward serves them all."""
+    return torch.stack([
+        summed_loss(a.m, a.part(logp), a.part(s.logp_old), a.part(s.adv), a.part(s.mask), a.agg,
+                    is_weight=a.part(s.is_weight) if a.weighted else None, side=a.part(side))
+        for a in arms]).sum()
+
+
+def _arms_stats(arms, s, batch, group, side=None):
+    """diagnostics.step_stats on every arm's own rows of `s` (a _Seen), joined: {key: [R]}."""
+    stats = [diagnostics.step_stats(a.m, a.part(s.logp), a.part(s.logp_old), a.part(s.adv),
+                                    a.part(s.mask), a.part(s.entropy), a.agg,
+                                    is_weight=a.part(s.is_weight) if a.weighted else None,
+                                    rewards=a.part(batch.rewards), group=group,
+                                    side=a.part(side))
+             for a in arms]
+    return {k: torch.cat([x[k] for x in stats]) for k in stats[0]}
+
+
+def _keep(kept, a, s, side=None):
+    """keep_log_ratios: append, per run of arm `a`, the token log ρ and (gate, A) of the real
+    tokens in `s` (a _Seen)."""
+    b = diagnostics.Batch(a.m, a.part(s.logp), a.part(s.logp_old), a.part(s.adv),
+                          a.part(s.mask), side=a.part(side))
+    gate = b.gate if callable(getattr(a.m, "gate", None)) else None
+    for r, (log_ratios, gates) in enumerate(kept[a.rows]):
+        real = b.mask[r]
+        log_ratios.append(b.token_log_ratio[r][real].float().cpu())
+        if gate is not None:
+            gates.append((gate[r][real].float().cpu(), b.adv[r][real].float().cpu()))
+
+
+def _staleness(updates, versions, n_updates, n_seeds):
+    """Each run's mean staleness over the step's updates: how many updates its behaviour policy
+    was behind, averaged over the updates (arm-major, one value per run)."""
+    stale = [float(updates - v - (n_updates + 1) / 2) for v in versions]
+    return torch.tensor(stale).repeat_interleave(n_seeds)
+
+
+def _side_reader(arms, seeds, dev):
+    """side_of(entropy, behaviour log-probs): the lab's SideInfo (`lab_side`, run r drawing from
+    its own generator) when an arm's method reads side information, else None."""
+    if not any(getattr(a.m, "side_inputs", ()) for a in arms):
+        return lambda ent, sampled: None
+    draws = [torch.Generator(device=dev).manual_seed(s + _DRAW_SEED) for s in seeds]
+    return lambda ent, sampled: lab_side(ent, sampled, draws)
+
+
+def _moe_routing(arms, cfg, seeds, dev):
+    """rlgates.moe.LabRouting for a config with `moe` set, else None."""
+    if cfg.moe is None:
+        return None
+    from ..moe import LabRouting
+    return LabRouting(cfg, seeds, dev, anchors={a.config.anchor for a in arms})
+
+
+def _rollout_info(step, version, batch):
+    """The hook's view of a rollout; a single run's tensors without the runs dimension."""
+    one = (lambda x: x[0]) if len(batch.tokens) == 1 else (lambda x: x)
+    return {"step": step, "version": version, "prompts": one(batch.prompts),
+            "tokens": one(batch.tokens), "logp_behaviour": one(batch.logp)}
+
+
+def _ignore(*_args):
+    """A hook or progress printer that does nothing."""
+
+
+@contextlib.contextmanager
+def _threads(cfg):
+    """torch's CPU threads at `cfg.threads` during a run on the CPU, restored after."""
+    threads = torch.get_num_threads()
+    if cfg.threads and torch.device(cfg.device).type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _progress(plan, progress):
+    """The step printer of `train(progress=)`: every few steps (True: about 5 a call; an int:
+    every that many), or silent (False)."""
+    steps = plan.config.steps
+    every = (max(1, steps // 5) if progress is True else int(progress)) if progress else 0
+    if not every:
+        return _ignore
+    lags = sorted({a.lag for a in plan.arms})
+    label = (f"[{', '.join(map(str, plan.labels))} lag {', '.join(map(str, lags))}, "
+             f"{len(plan.all_seeds)} runs]")
+    t0 = time.perf_counter()
+
+    def show(step, row):
+        if (step + 1) % every == 0 or step + 1 == steps:
+            print(f"{label} step {step + 1:>4}/{steps}: reward {float(row['reward'].mean()):.3f}"
+                  f", max |log ρ| {float(row['log_ratio_absmax'].max()):.2f} "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    return show
+
+
+def _results(a, seeds, table, kept):
+    """Arm a's [LabResult per seed]: its rows of the metrics `table` ({key: [R, steps]}; a
+    critic's only for a critic arm) and, with keep_log_ratios, of `kept`."""
+    keys = [k for k in table if a.config.advantage == "gae" or k not in CRITIC_METRICS]
+    return [LabResult(method_name(a.m), s, a.lag, a.agg, a.config,
+                      {k: table[k][r].tolist() for k in keys},
+                      *(kept[r] if kept is not None else (None, None)))
+            for r, s in zip(range(a.rows.start, a.rows.stop), seeds, strict=True)]
 
 
 __all__ = [
