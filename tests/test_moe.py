@@ -177,7 +177,7 @@ def test_bad_input_is_refused_with_its_name():
     with pytest.raises(ValueError, match="router_noise"):
         moe.engine_log_probs(pol, tokens, prompt, "noise")
     with pytest.raises(ValueError, match="moe="):
-        moe.drift_after_updates(TINY, [0])
+        lab.drift_after_updates(TINY, [0])
 
 
 @pytest.mark.parametrize("mode", ["disabled", "R2", "R3"])

@@ -21,6 +21,7 @@ critic's (`lab.metric_doc(critic=True)`).
 from ..figures import plot_runs, plot_shut_by_sign
 from ..policy import LabPolicy
 from . import critic, loop, report, task
+from .drift import drift_after_updates
 from .loop import (
     Arm,
     LabConfig,
@@ -60,7 +61,7 @@ from .task import PatternTask
 __all__ = [
     "Arm", "LabConfig", "LabPolicy", "LabResult", "PatternTask", "Rollout", "area",
     "budget_table",
-    "curves", "default_agg", "family_table", "family_verdicts",
+    "curves", "default_agg", "drift_after_updates", "family_table", "family_verdicts",
     "format_interval", "interval", "marked_verdict", "method_color", "method_name", "metric_doc",
     "paired", "paired_difference", "paired_table", "plateau", "plot_runs", "plot_shut_by_sign",
     "resolve", "rollout", "run_many", "slope", "summary",
