@@ -1,26 +1,33 @@
-"""Loss forward + backward throughput of every method beside a plain trainer-style reference.
+"""Loss forward + backward of every method beside a plain reference, at three sizes.
 
-    python benchmarks/bench.py                 # 1M and 8M tokens, cpu (and cuda if present)
-    python benchmarks/bench.py --tokens 1 --devices cpu --methods ppo sapo
+    python benchmarks/bench.py                        # 512, 8,960 and 1M tokens; cpu (+ cuda)
+    python benchmarks/bench.py --devices cuda cpu --methods ppo sapo --sizes 32x16 1M
+    python benchmarks/bench.py --memory --lab          # also peak memory, the lab's throughput
 
-For each (method, size, device) it prints the time per step of rlgates and of the reference
-(`rlgates.reference`, the big trainers' eager style) run in the same process, as the median of
---reps steps with their min-max spread, their ratio (rlgates / reference: ≤ 1.0 means no
-slower) with the min-max of the ratios of the steps run side by side (one of each per repeat,
-so that they share the machine's load), the ratio against the reference given a mask that needs
-no cast (ref0), the ratio of CPU times (steadier on a shared machine) with its paired min-max,
-and the peak memory of each. A method that reads side information gets the fields no batch
-gives (entropy, the sampler's log-probs, Clip-Cov's random draw), the same for both; the
-references of those methods are `rlgates.reference.SIDE_REFERENCES`. Peak memory is measured
-in a fresh subprocess per implementation: the rise of the peak RSS during one step on the CPU, and
-torch.cuda.max_memory_allocated on cuda. It also times a slider redraw and, when present, the
-training lab's throughput.
+For each (device, method, mask, size) it times `m.loss(logp, logp_old, adv, mask).backward()`
+and the same formula written as verl writes it (`rlgates.reference`: clamp the log-ratio to
+±20, exp, the method's gate, the method's aggregation as `(L*m).sum()/m.sum()`, no input
+checks), in this one process, on one CPU thread (--threads), one step of each per repeat, the
+order alternating between repeats so that neither always runs second. It prints the median of
+each, their ratio (rlgates / reference) with the min-max of the repeats' paired ratios, and at
+the smallest size the difference of the medians in µs: the fixed cost of rlgates' input checks.
 
-On the CPU a new tensor of a few MB or more can cost more than the arithmetic on it: glibc gives
-large freed blocks back to the kernel, and the next step pays a page fault per 4 kB. Whether a
-1M-token step's tensors fault depends on what the process freed before, so the 1M ratios of the
-cheapest losses move between runs; the 8M ones are steady. To time the arithmetic alone, keep
-freed memory in the process:
+The sizes (DESIGN.md, "Performance"), and the targets the summary checks:
+    512 tokens   32x16      a chapter demo         rlgates - reference < 100 µs a call
+    8,960        1120x8     the lab's minibatch    ratio ≤ 1.15
+    1M           1024x1024                         ratio ≤ 1.25
+The masks are ragged: each row's length is uniform in [T/4, T]. A method that reads side
+information gets the fields no batch gives (entropy, the sampler's log-probs, Clip-Cov's random
+draw), the same for both. Before timing, each pair's values and gradients are compared; a
+mismatch is flagged in the table (the tests check the same in float64).
+
+Wall-clock timings on a shared machine: the load average is printed at the start and the end;
+read ratios on a busy 2-core machine as ±10-15 % (--clock cpu times the CPU's steps by this
+process's CPU time, which preemption does not inflate; the cache and memory bandwidth others use
+still count). The 1M size takes fewer repeats (--reps to
+change). On the CPU a new tensor of a few MB can cost more than the arithmetic on it (glibc
+returns large freed blocks to the kernel; the next step pays the page faults), so the 1M ratios
+of the cheapest losses move between runs. To time the arithmetic alone:
 
     MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=4000000000 python benchmarks/bench.py
 """
@@ -28,7 +35,9 @@ freed memory in the process:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import re
 import statistics
 import sys
 import time
@@ -45,17 +54,53 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 METHODS = rlgates.names()
 MASKS = {"bool": torch.bool, "float": torch.float32}  # float: 0/1, as trainers pass it
+SIZES = ["32x16", "1120x8", "1024x1024"]
 
 
-def make_inputs(tokens, device, dtype=torch.float32, seed=0, mask_dtype=torch.bool):
-    """Ragged [B, T] inputs, made in place so that making them needs no large temporaries."""
-    T = 1024 if tokens <= 2**20 else 2048
-    B = tokens // T
+def target(tokens):
+    """DESIGN.md's target at this size: ("us", the most rlgates - reference may take a call) up
+    to 4k tokens (a chapter demo), ("ratio", the most rlgates / reference) above: 1.15 up to
+    128k (a lab minibatch), 1.25 beyond (1M)."""
+    if tokens <= 2**12:
+        return "us", 100.0
+    return "ratio", 1.15 if tokens <= 2**17 else 1.25
+
+
+def parse_size(text):
+    """'BxT' (32x16), or a token count with an optional k/M suffix (9k, 1M: T = 1024 from 64k
+    tokens up, else 8). Returns (B, T)."""
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if m:
+        return int(m[1]), int(m[2])
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmM]?)", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"size {text!r}: write BxT (32x16) or tokens (9k, 1M)")
+    tokens = int(float(m[1]) * {"": 1, "k": 2**10, "m": 2**20}[m[2].lower()])
+    T = 1024 if tokens >= 2**16 else 8
+    return max(1, tokens // T), T
+
+
+def default_reps(tokens, device):
+    """Repeats per (method, size): many where a step takes well under a millisecond."""
+    if tokens <= 2**12:
+        return 301
+    if tokens <= 2**16:
+        return 151
+    return 31 if device.startswith("cuda") else 11
+
+
+def label(tokens):
+    return f"{tokens / 2**20:g}M" if tokens >= 2**20 else f"{tokens:,}"
+
+
+def make_inputs(B, T, device, dtype=torch.float32, seed=0, mask_dtype=torch.bool):
+    """Ragged [B, T] inputs (every row keeps at least one token), made in place so that making
+    them needs no large temporaries."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     logp_old = torch.rand(B, T, generator=g).mul_(-3)
     logp = torch.randn(B, T, generator=g).mul_(0.2).add_(logp_old)
     adv = torch.randn(B, generator=g)
-    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).to(mask_dtype)
     return (*(x.to(device, dtype) for x in (logp, logp_old, adv)), mask.to(device))
 
@@ -77,18 +122,21 @@ def side_info(name, logp):
 
 
 def step_fn(name, impl, side=None):
+    """The loss of one implementation; each method's own default aggregation for both."""
     m = rlgates.get(name)
-    agg = m.agg  # each method's own default aggregation, for both implementations
     if impl == "rlgates":
-        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, agg, side=side)
-    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, agg, side=side,
+        if side is None:  # the call a reader or a trainer writes
+            return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk)
+        return lambda lp, lo, a, mk: m.loss(lp, lo, a, mk, side=side)
+    return lambda lp, lo, a, mk: reference.reference_loss(name, lp, lo, a, mk, m.agg, side=side,
                                                           **m.hparams)
 
 
 def one_step(fn, logp, logp_old, adv, mask):
     leaf = logp.detach().requires_grad_(True)
-    fn(leaf, logp_old, adv, mask).backward()
-    return leaf.grad
+    loss = fn(leaf, logp_old, adv, mask)
+    loss.backward()
+    return loss.detach(), leaf.grad
 
 
 def sync(device):
@@ -96,40 +144,38 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_pair(name, tokens, device, reps, mask_dtype=torch.bool):
-    """Seconds per step of rlgates, the reference, and the reference given its mask already in
-    the compute dtype ("ref0": it casts nothing; with a float mask it is the reference itself),
-    interleaved to share the noise, in alternating order. Returns {impl: (median, min, max,
-    median CPU seconds)} and {"wall": [...], "cpu": [...]}, the ratios rlgates / reference of
-    each repeat's pair of steps.
-    The CPU time (this process's, all threads) is steadier than the wall time on a shared
-    machine."""
-    inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
+def agree(a, b):
+    """Whether two (loss, grad) results agree to float32 rounding."""
+    return all(torch.allclose(x.double(), y.double(), rtol=1e-4, atol=1e-7)
+               for x, y in zip(a, b, strict=True))
+
+
+def time_pair(name, B, T, device, reps, mask_dtype=torch.bool, clock=time.perf_counter):
+    """Seconds per step of rlgates and of the reference (wall, or this process's CPU time with
+    clock=time.process_time), one of each per repeat, in alternating order. Returns
+    ({impl: [seconds]}, whether their results agree)."""
+    inputs = make_inputs(B, T, device, mask_dtype=mask_dtype)
     side = side_info(name, inputs[0])
-    runs = {impl: (step_fn(name, impl, side), inputs) for impl in ("rlgates", "reference")}
-    if mask_dtype != inputs[0].dtype:
-        runs["ref0"] = (runs["reference"][0], (*inputs[:3], inputs[3].to(inputs[0].dtype)))
-    for fn, args in runs.values():  # warm up
-        one_step(fn, *args)
-    wall, cpu = {impl: [] for impl in runs}, {impl: [] for impl in runs}
-    order = list(runs.items())
-    for rep in range(reps):
-        # each other repeat runs the reference first: a step inherits the allocator's state (the
-        # pages the step before it freed), so neither side always comes second
-        for impl, (fn, args) in (order if rep % 2 == 0 else order[::-1]):
-            sync(device)
-            start, start_cpu = time.perf_counter(), time.process_time()
-            one_step(fn, *args)
-            sync(device)
-            wall[impl].append(time.perf_counter() - start)
-            cpu[impl].append(time.process_time() - start_cpu)
-    out = {impl: (statistics.median(t), min(t), max(t), statistics.median(cpu[impl]))
-           for impl, t in wall.items()}
-    out.setdefault("ref0", out["reference"])
-    paired = {kind: [a / b for a, b in zip(times["rlgates"], times["reference"],
-                                                 strict=True)]
-              for kind, times in (("wall", wall), ("cpu", cpu))}
-    return out, paired
+    fns = {impl: step_fn(name, impl, side) for impl in ("rlgates", "reference")}
+    same = agree(one_step(fns["rlgates"], *inputs), one_step(fns["reference"], *inputs))
+    for _ in range(3 if B * T < 2**16 else 1):  # warm up (the check above ran one of each)
+        for fn in fns.values():
+            one_step(fn, *inputs)
+    times = {impl: [] for impl in fns}
+    order = list(fns.items())
+    gc.collect()
+    gc.disable()  # a collection inside one step would charge one side at random
+    try:
+        for rep in range(reps):
+            for impl, fn in (order if rep % 2 == 0 else order[::-1]):
+                sync(device)
+                start = clock()
+                one_step(fn, *inputs)
+                sync(device)
+                times[impl].append(clock() - start)
+    finally:
+        gc.enable()
+    return times, same
 
 
 class PeakTensorMemory(TorchDispatchMode):
@@ -164,9 +210,9 @@ class PeakTensorMemory(TorchDispatchMode):
         self.seen.discard(key)
 
 
-def peak_memory(name, impl, tokens, device, mask_dtype=torch.bool):
+def peak_memory(name, impl, B, T, device, mask_dtype=torch.bool):
     """Extra peak memory (bytes) of one step over its inputs."""
-    inputs = make_inputs(tokens, device, mask_dtype=mask_dtype)
+    inputs = make_inputs(B, T, device, mask_dtype=mask_dtype)
     fn = step_fn(name, impl, side_info(name, inputs[0]))
     one_step(fn, *inputs)  # warm up
     if device.startswith("cuda"):
@@ -204,67 +250,129 @@ def slider_redraw_ms(n=20):
     return inside, widen, size
 
 
+def load():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def summarize(device, rows, sizes):
+    """One line per size: how many rows meet the target, and the worst."""
+    print(f"\ntargets on {device}:")
+    for (B, T) in sizes:
+        tokens = B * T
+        kind, bound = target(tokens)
+        cells = [(name, mask, cell) for name, mask, cells in rows
+                 for size, cell in cells.items() if size == (B, T)]
+        if not cells:
+            continue
+        key = (lambda c: c[2]["over_us"]) if kind == "us" else (lambda c: c[2]["ratio"])
+        worst = max(cells, key=key)
+        unit = "µs" if kind == "us" else "×"
+        what = "rlgates - reference" if kind == "us" else "rlgates / reference"
+        held = sum(key(c) <= bound for c in cells)
+        fails = ", ".join(f"{c[0]}/{c[1]} {key(c):.2f}" for c in cells if key(c) > bound)
+        print(f"  {label(tokens):>9} tokens ({B}x{T}): {what} ≤ {bound:g}{unit} in {held} of "
+              f"{len(cells)}; worst {key(worst):.2f}{unit} ({worst[0]}, {worst[1]} mask)"
+              + (f"; over: {fails}" if fails else ""))
+
+
+def run_device(device, args):
+    sizes = args.sizes
+    reps = ([args.reps[0]] * len(sizes) if len(args.reps or []) == 1 else args.reps) or \
+        [default_reps(B * T, device) for B, T in sizes]
+    if len(reps) != len(sizes):
+        raise SystemExit(f"--reps: give one number, or one per size ({len(sizes)})")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    cpu_clock = args.clock == "cpu" and not device.startswith("cuda")  # cuda: wall time only
+    clock = time.process_time if cpu_clock else time.perf_counter
+    print(f"\n=== {device} ({name}); {'CPU' if cpu_clock else 'wall'} time; load average at "
+          f"start {load()}")
+    print("sizes: " + ", ".join(f"{label(B * T)} tokens = {B}x{T} ({r} repeats)"
+                                for (B, T), r in zip(sizes, reps, strict=True)))
+    first = "at " + label(sizes[0][0] * sizes[0][1])
+    head1 = (f"{'':<21}" + "".join(f"| {f'{label(B * T)} tokens ({B}x{T})':<34}" for B, T in sizes)
+             + f"| {first:>9}")
+    head2 = (f"{'method':<15}{'mask':<6}" + "| rlgates     ref  ratio [paired]    " * len(sizes)
+             + f"| {'rl-ref µs':>9}")
+    print(head1)
+    print(head2)
+    print("-" * len(head2))
+    rows = []
+    for name in args.methods:
+        for mask_name in args.masks:
+            cells, line, flags = {}, f"{name:<15}{mask_name:<6}", []
+            for (B, T), r in zip(sizes, reps, strict=True):
+                times, same = time_pair(name, B, T, device, r, MASKS[mask_name], clock)
+                rl, ref = (statistics.median(times[k]) for k in ("rlgates", "reference"))
+                paired = [a / b for a, b in zip(times["rlgates"], times["reference"],
+                                                strict=True)]
+                cell = {"rl_ms": rl * 1e3, "ref_ms": ref * 1e3, "ratio": rl / ref,
+                        "lo": min(paired), "hi": max(paired), "over_us": (rl - ref) * 1e6}
+                cells[(B, T)] = cell
+                if not same:
+                    flags.append(f"{label(B * T)}: values differ")
+                line += (f"| {cell['rl_ms']:>7.3f} {cell['ref_ms']:>7.3f} {cell['ratio']:>5.2f} "
+                         f"[{cell['lo']:.2f}-{cell['hi']:.2f}] ")
+            first = cells[sizes[0]]
+            line += f"| {first['over_us']:>9.0f}"
+            print(line + ("  ! " + "; ".join(flags) if flags else ""), flush=True)
+            rows.append((name, mask_name, cells))
+    print("(ms: median per step; ratio: rlgates / reference medians; [paired]: min-max of each "
+          "repeat's ratio; rl-ref µs: difference of the medians at the first size)")
+    summarize(device, rows, sizes)
+    print(f"load average at end {load()}")
+    if args.memory:
+        print(f"\npeak memory over the inputs on {device}, MB (rlgates / reference):")
+        for name in args.methods:
+            for mask_name in args.masks:
+                md = MASKS[mask_name]
+                parts = []
+                for B, T in sizes:
+                    mem = [peak_memory(name, impl, B, T, device, md) / 2**20
+                           for impl in ("rlgates", "reference")]
+                    parts.append(f"{label(B * T)}: {mem[0]:.2f} / {mem[1]:.2f}")
+                print(f"  {name:<15}{mask_name:<6}" + "   ".join(parts), flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8], help="millions (2^20)")
-    parser.add_argument("--devices", nargs="+", default=None)
-    parser.add_argument("--methods", nargs="+", default=METHODS)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--sizes", nargs="+", type=parse_size, default=None,
+                        help="BxT or tokens (9k, 1M); default " + " ".join(SIZES))
+    parser.add_argument("--reps", type=int, nargs="+", default=None,
+                        help="repeats: one number, or one per size (default: 301 at ≤ 4k "
+                             "tokens, 151 at ≤ 64k, 11 above (31 on cuda))")
+    parser.add_argument("--devices", nargs="+", default=None,
+                        help="default: cpu, and cuda when present")
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS,
+                        metavar="METHOD")
     parser.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: time each step by this process's CPU time, which a busy "
+                             "machine's preemption does not inflate (cpu devices only)")
+    parser.add_argument("--memory", action="store_true", help="also each step's peak memory")
+    parser.add_argument("--no-slider", action="store_true", help="skip the slider redraw")
+    parser.add_argument("--lab", action="store_true", help="also the training lab's throughput")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args.sizes = args.sizes or [parse_size(s) for s in SIZES]
+    torch.set_num_threads(args.threads)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; median of {args.reps} steps "
-          "[min-max] in ms; ratio = rlgates / reference median (≤ 1.0 is no slower) [min-max "
-          "of the repeats' paired ratios]; ref0: the reference given its mask in the compute "
-          "dtype (casts nothing); cpu: the ratio of median CPU times [paired min-max]")
-    header = (f"{'method':<9} {'mask':<5} {'tokens':>6} {'device':<6} {'rlgates ms':>17} "
-              f"{'ref ms':>17} {'ratio [paired]':>17} {'ref0':>6} {'cpu [paired]':>17} "
-              f"{'rlgates MB':>11} "
-              f"{'ref MB':>8} {'mem ratio':>9}")
-    print(header)
-    print("-" * len(header))
-    rows = []
+    start = time.perf_counter()
+    print(f"rlgates {rlgates.__file__}\nreference {reference.__file__}\n"
+          f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), "
+          f"{os.cpu_count()} CPUs, load average {load()}")
     for device in devices:
-        for millions in args.tokens:
-            tokens = millions * 2**20
-            for name in args.methods:
-                for mask_name in args.masks:
-                    md = MASKS[mask_name]
-                    t, paired = time_pair(name, tokens, device, args.reps, md)
-                    if args.no_memory:
-                        mem = {"rlgates": float("nan"), "reference": float("nan")}
-                    else:
-                        mem = {impl: peak_memory(name, impl, tokens, device, md) / 2**20
-                               for impl in ("rlgates", "reference")}
-                    rl, ref = t["rlgates"], t["reference"]
-                    row = (name, mask_name, f"{millions}M", device, rl[0] * 1e3, ref[0] * 1e3,
-                           rl[0] / ref[0], mem["rlgates"], mem["reference"],
-                           mem["rlgates"] / mem["reference"] if mem["reference"] else float("nan"),
-                           rl[0] / t["ref0"][0], rl[3] / ref[3])
-                    rows.append(row)
-                    spread = {k: f"[{v[1] * 1e3:.0f}-{v[2] * 1e3:.0f}]" for k, v in t.items()}
-                    pair = {k: f"[{min(v):.2f}-{max(v):.2f}]" for k, v in paired.items()}
-                    print(f"{row[0]:<9} {row[1]:<5} {row[2]:>6} {row[3]:<6} "
-                          f"{row[4]:>7.1f} {spread['rlgates']:>9} {row[5]:>7.1f} "
-                          f"{spread['reference']:>9} {row[6]:>5.2f} {pair['wall']:>11} "
-                          f"{row[10]:>6.2f} {row[11]:>5.2f} {pair['cpu']:>11} "
-                          f"{row[7]:>11.0f} {row[8]:>8.0f} {row[9]:>9.2f}",
-                          flush=True)
-    inside, widen, (w, h) = slider_redraw_ms()
-    print(f"\nslider redraw (dapo, blitted {w}x{h} PNG): {inside:.1f} ms per move, "
-          f"{widen:.1f} ms per move that resizes the log ρ axis")
-    try:
+        run_device(device, args)
+    if not args.no_slider:
+        inside, widen, (w, h) = slider_redraw_ms()
+        print(f"\nslider redraw (dapo, blitted {w}x{h} PNG): {inside:.1f} ms per move, "
+              f"{widen:.1f} ms per move that resizes the log ρ axis")
+    if args.lab:
         from lab_throughput import lab_throughput
-    except ImportError:
-        return rows
-    for device in devices:
-        print(f"lab throughput on {device}: {lab_throughput(device)}")
-    return rows
+
+        for device in devices:
+            print(f"lab throughput on {device}: {lab_throughput(device)}")
+    print(f"\ntotal {time.perf_counter() - start:.0f} s; load average {load()}")
 
 
 if __name__ == "__main__":
