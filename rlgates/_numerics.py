@@ -79,9 +79,10 @@ def check_mask(mask: torch.Tensor | None, shape, device=None) -> torch.Tensor:
         raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     if mask.dtype == torch.bool:
         return mask
-    if not bool(((mask == 0) | (mask == 1)).all()):
+    real = mask.bool()
+    if not torch.equal(mask, real.to(mask.dtype)):  # 0.5, 2 or NaN differ from their 0/1 cast
         raise ValueError("mask must be bool or hold only 0 and 1")
-    return mask != 0
+    return real
 
 
 def positive_number(value, name: str) -> float:
@@ -174,15 +175,17 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor | None, agg: str) -> torc
     (0.4.1, 0.5.0) divided the total by T alone, which is ours times N. Pad to a fixed
     generation budget so that T, and with it the normaliser, stays constant during training.
     """
-    try:  # values may broadcast against the mask ([B, 1] at sequence level)
-        shape = torch.broadcast_shapes(values.shape, mask.shape)
-    except (AttributeError, RuntimeError):  # no mask, or a bad one: check_mask says which
-        shape = values.shape
+    shape = values.shape
+    if isinstance(mask, torch.Tensor) and mask.shape != shape:
+        try:  # values may broadcast against the mask ([B, 1] at sequence level)
+            shape = torch.broadcast_shapes(shape, mask.shape)
+        except RuntimeError:  # check_mask names the shapes
+            pass
     mask = check_mask(mask, shape, values.device)
     values = torch.where(mask, values, 0.0)
-    lengths = mask.sum(-1)
     if agg == "token-mean":
-        return values.sum() / lengths.sum().clamp(min=1)
+        return values.sum() / mask.sum().clamp(min=1)
+    lengths = mask.sum(-1)
     per_seq = values.sum(-1)
     if agg == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
