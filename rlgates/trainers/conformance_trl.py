@@ -22,7 +22,7 @@ import re
 
 from ..methods import get
 from . import flags
-from .conformance import Row
+from ._row import Row
 
 #: TRL loss_type -> the rlgates aggregation of its normaliser (TRL 1.16.0, `_compute_loss`):
 #: grpo, sapo: each response's token mean, then the mean over the micro-batch's rows; bnpo: the
@@ -78,6 +78,9 @@ def trl_rows() -> list[Row]:
                 note="TRL divides by rows × max_completion_length (8 here, the batch's T); "
                      + _EMPTY_ROWS),
         trl_row("cispo", "cispo"),
+        trl_row("cispo", "cispo", eps_high=-0.8,
+                note="TRL's default CISPO: epsilon_high unset is epsilon = 0.2, an absolute cap "
+                     "below 1, so every token with ρ > 0.2 is weighted 0.2 (ε_h = −0.8)."),
         trl_row("sapo", "sapo", status="partial",
                 note="TRL picks τ with torch.where on Python floats, which rounds τ to float32 "
                      "(1.05 → 1.0499999523), so in float64 the two agree to ~2e-7 relative; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..methods import get
 from . import flags
-from .conformance import Row
+from ._row import Row
 
 #: The fields of verl's PolicyLossConfig (actor.policy_loss.*) a method's verl flags may set;
 #: the others are the actor's own (tests/test_conformance_verl.py checks both against verl).
@@ -91,7 +91,9 @@ def verl_rows() -> list[Row]:
             "counts the non-empty rows; equal with rlgates.trainers.loss(..., norm=B). With "
             "per-token advantages verl's gradient carries the row's mean A (it supports one A "
             "per response) and a token with A = 0 leaves its log-ratio out of the geometric "
-            "mean (rlgates counts it on the A ≤ 0 side); equal on rows whose A is constant.")),
+            "mean (rlgates counts it on the A ≤ 0 side); equal on rows whose A is constant. "
+            "Equal for |log ρ| ≤ 20: geo_mean does not clamp the token log-ratio (its clamp is "
+            "commented out), where rlgates clamps it at ±20 (tested at log ρ = ±22).")),
         method_row("dro"),
         bypass_row("dual_clip", "ppo_clip", note=WHERE_BYPASS_RUNS),
         bypass_row("gpg", "reinforce", note=WHERE_BYPASS_RUNS),

@@ -6,18 +6,32 @@
     trainer.train()        # logs TRL's clip_ratio/* and entropy, and rlgates/gate_*
 
 TRL stays the engine: it samples, scores, computes the advantages and the old log-probs, splits
-the batch and steps the optimiser. The subclass overrides the one public hook for this,
-`compute_loss`: it asks TRL for the current log-probs (the trainer's own helper), takes the old
+the batch and steps the optimiser. The subclass overrides `_compute_loss`, the hook TRL's own
+`compute_loss` calls (and `rlgates.inspect.capture` wraps, so a drop-in run is captured as a
+stock one is): it asks TRL for the current log-probs (the trainer's own helper), takes the old
 ones and the advantages TRL stored in `inputs`, and returns the rlgates method's loss under the
-normaliser TRL's `loss_type` prescribes (see `trl_loss`). The gate comes from `method`; TRL's
-`epsilon`, `epsilon_high`, `delta` and SAPO temperatures are not read.
+normaliser TRL's `loss_type` prescribes (see `trl_loss`).
+
+The gate comes from `method`, and GRPOConfig's gate settings must agree with it. For a method with
+a TRL built-in (`rlgates.trainers.flags(method)["trl"]`), the settings that built-in's loss type
+reads (`GATE_SETTINGS`: `epsilon`, `epsilon_high` and `delta` for the clip, cispo's
+`epsilon_high` cap, which falls back to `epsilon` when unset, sapo's temperatures, vespo's k and
+λ) are compared with the flags (a setting the flags leave out, with GRPOConfig's default). A
+difference is a ValueError naming each setting, both values and the fix, before anything loads;
+with `allow_config_mismatch=True` it is a warning, and the method's values are trained. A method
+without one (sao, reinforce, `rlgates.byo`) has no TRL spelling to compare, and is not checked:
+TRL's gate settings are then simply not read. Neither are those of another loss type than the
+method's (sapo's temperatures under a dapo method).
 
 Features of TRL's own loss that the adapter does not carry raise ValueError at construction: a KL
 term (`beta`), the entropy bonus and mask, the off-policy mask, vLLM importance correction, the
-MoE aux loss and `loss_type` values outside `TRL_AGG` (all listed in `REFUSED`); image inputs
-raise in `compute_loss`. With TRL's default `num_iterations=1` (and no mini-batching) the old
-log-probs equal the current ones, ρ = 1 and no gate ever acts: use num_iterations ≥ 2 or
-steps_per_generation > gradient_accumulation_steps.
+MoE aux loss and `loss_type` values outside `TRL_AGG` (all listed in `REFUSED`). Those read from
+GRPOConfig alone are checked before `GRPOTrainer.__init__` loads a model (a reference model
+when beta ≠ 0), the MoE one after it; image inputs raise in the loss. When TRL keeps no old
+log-probs (gradient_accumulation_steps a multiple of steps_per_generation × num_iterations, as
+at its defaults, and no vLLM correction) ρ ≡ 1 and no gate ever acts: the trainer warns once
+when it is built. Use num_iterations ≥ 2 with steps_per_generation = gradient_accumulation_steps,
+or steps_per_generation > gradient_accumulation_steps.
 
 Metrics. TRL's `_compute_loss` logs, per loss_type, its own clip metrics (`TRL_METRICS`: the
 clip_ratio/* family for grpo, bnpo, dr_grpo and dapo; cispo_clip_ratio for cispo; nothing for
@@ -44,6 +58,10 @@ one A per row the two agree. tests/engines/test_trl_engine.py measures both.
 
 from __future__ import annotations
 
+import math
+import warnings
+from types import SimpleNamespace
+
 import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
@@ -66,27 +84,155 @@ def _level_mismatch(t):
         f"{t.args.importance_sampling_level!r} while {t.method.name} works at the {level} level")
 
 
+def _moe_aux_loss(c):  # TRL reads the model's config for it in __init__: after it
+    return c.trainer is not None and c.trainer.aux_loss_enabled
+
+
 #: What RlgatesGRPOTrainer refuses at construction: (the TRL setting, the feature of TRL's own
-#: loss it turns on, a test on the trainer: true, or a string that details it, when it is on).
+#: loss it turns on, a test: true, or a string that details it, when it is on). A test reads
+#: `c.args` (the GRPOConfig) and `c.method`, and holds before `GRPOTrainer.__init__` loads a
+#: model; one that needs the model reads `c.trainer` (None until then) and is checked after it.
 #: `_check_supported` raises ValueError for every entry that holds; the book's chapter 14 renders
-#: this tuple as its table. Image inputs (pixel_values) are refused later, in `compute_loss`.
+#: this tuple as its table. Image inputs (pixel_values) are refused later, in the loss.
 REFUSED = (
-    ("beta != 0", "a KL term to the reference model", lambda t: t.beta != 0.0),
+    ("beta != 0", "a KL term to the reference model", lambda c: c.args.beta != 0.0),
     ("top_entropy_quantile < 1", "the entropy mask (only the highest-entropy tokens learn)",
-     lambda t: t.top_entropy_quantile < 1.0),
+     lambda c: c.args.top_entropy_quantile < 1.0),
     ("off_policy_mask_threshold", "the off-policy sequence mask",
-     lambda t: t.off_policy_mask_threshold is not None),
+     lambda c: c.args.off_policy_mask_threshold is not None),
     ("vllm_importance_sampling_correction", "vLLM's sampler-trainer correction (use_vllm)",
-     lambda t: t.use_vllm and t.vllm_importance_sampling_correction),
-    ("entropy_coef != 0 or use_adaptive_entropy", "an entropy bonus",
-     lambda t: t._entropy_bonus_enabled),
-    ("router_aux_loss_coef != 0 (MoE model)", "the MoE router's aux loss",
-     lambda t: t.aux_loss_enabled),
+     lambda c: c.args.use_vllm and c.args.vllm_importance_sampling_correction),
+    ("entropy_coef != 0 or use_adaptive_entropy", "an entropy bonus",  # _entropy_bonus_enabled
+     lambda c: c.args.entropy_coef != 0.0 or c.args.use_adaptive_entropy),
+    ("router_aux_loss_coef != 0 (MoE model)", "the MoE router's aux loss", _moe_aux_loss),
     ("loss_type outside TRL_AGG", "a normaliser with no rlgates mapping",
-     lambda t: t.loss_type not in TRL_AGG and f"{t.loss_type!r}; mapped: {sorted(TRL_AGG)}"),
+     lambda c: c.args.loss_type not in TRL_AGG
+     and f"{c.args.loss_type!r}; mapped: {sorted(TRL_AGG)}"),
     ("importance_sampling_level != the method's level", "a ratio at another level",
      _level_mismatch),
 )
+
+#: The GRPOConfig settings TRL 1.16's `_compute_loss` reads for the gate of each loss type ("#
+#: Compute the loss"): the clip's epsilon, epsilon_high and delta; cispo's cap, epsilon_high
+#: alone; sapo's temperatures; vespo's k and λ. Unset, epsilon_high is epsilon (TRL's __init__:
+#: `self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon`).
+GATE_SETTINGS = {
+    **dict.fromkeys(TRL_CLIP_LOSS_TYPES, ("epsilon", "epsilon_high", "delta")),
+    "cispo": ("epsilon_high",),
+    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+
+
+def _gate_value(settings, key):
+    """The value TRL's loss uses for `key`, from a dict of GRPOConfig settings."""
+    if key == "epsilon_high" and settings.get("epsilon_high") is None:
+        return settings.get("epsilon")
+    return settings.get(key)
+
+
+def _same(a, b):
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _config_settings(args, keys):
+    return {k: getattr(args, k) for k in (*keys, "epsilon")}
+
+
+def _method_settings(method, args):
+    """The GRPOConfig gate settings that make TRL's built-in compute `method` (its TRL flags,
+    each setting they leave out at GRPOConfig's default), or None: no built-in."""
+    f = flags(method)["trl"]
+    if f is None:
+        return None
+    fields = type(args).__dataclass_fields__
+    keys = GATE_SETTINGS.get(f["loss_type"], ())
+    return f["loss_type"], keys, {**{k: fields[k].default for k in (*keys, "epsilon")}, **f}
+
+
+def _method_at(method, args, keys):
+    """`method`'s class at hyperparameters whose TRL flags give `args`' gate values, or None.
+    Each hyperparameter that moves a setting is solved from it (the flags are affine in it),
+    then the flags are written again and compared."""
+    want = {k: _gate_value(_config_settings(args, keys), k) for k in keys}
+    base = _method_settings(method, args)[2]
+    h = dict(method.hparams)
+    for p, v in method.hparams.items():
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        for d in (0.25 * max(abs(v), 0.1), -0.25 * max(abs(v), 0.1)):
+            try:
+                moved = _method_settings(type(method)(**{**method.hparams, p: v + d}), args)
+            except ValueError:  # out of its range: try the other way
+                continue
+            if moved is None:
+                break
+            for k in keys:
+                a, b = _gate_value(base, k), _gate_value(moved[2], k)
+                if a is not None and b is not None and a != b and want[k] is not None:
+                    h[p] = float(f"{v + (want[k] - a) * d / (b - a):.12g}")
+                    break
+            break
+    try:
+        found = type(method)(**h)
+    except ValueError:
+        return None
+    got = _method_settings(found, args)
+    if got is None or not all(_same(_gate_value(got[2], k), want[k]) for k in keys):
+        return None
+    return found
+
+
+def _spelled(method):
+    from ..methods import REGISTRY
+
+    h = ", ".join(f"{k}={v!r}" for k, v in method.hparams.items())
+    if REGISTRY.get(method.name) is type(method):
+        return f"rlgates.get({method.name!r}{', ' if h else ''}{h})"
+    return f"{type(method).__name__}({h})"
+
+
+def config_mismatch(args, method):
+    """The sentence that says how `args`' gate settings (GATE_SETTINGS of the loss type of
+    `method`'s TRL built-in) differ from `method`'s, with the fixes; None where they agree or
+    the method has no TRL built-in (nothing to compare)."""
+    spec = _method_settings(method, args)
+    if spec is None:
+        return None
+    loss_type, keys, ours = spec
+    cfg = _config_settings(args, keys)
+    diffs, fix = [], {}
+    for k in keys:
+        have, want = _gate_value(cfg, k), _gate_value(ours, k)
+        if _same(have, want):
+            continue
+        unset = " (unset, so epsilon's)" if k == "epsilon_high" and cfg[k] is None else ""
+        diffs.append(f"{k} is {have!r} in GRPOConfig{unset} but {want!r} for {method.name}")
+        fix[k] = want
+    if not diffs:
+        return None
+    fixes = ["set GRPOConfig(" + ", ".join(f"{k}={v!r}" for k, v in fix.items())
+             + ") (rlgates.trainers.flags(method)['trl'])"]
+    other = _method_at(method, args, keys)
+    if other is not None:
+        fixes.append(f"pass method={_spelled(other)} to train GRPOConfig's values")
+    fixes.append("pass allow_config_mismatch=True to train the method's values anyway")
+    none = "" if other else f"; no {method.name} hyperparameters give GRPOConfig's values"
+    return (f"GRPOConfig's gate settings differ from {_spelled(method)}, whose values are the "
+            f"ones trained (TRL's {loss_type} loss reads them): " + "; ".join(diffs)
+            + ". Fix: " + ", or ".join(fixes) + none + ".")
+
+
+def rho_is_one(args) -> bool:
+    """Whether ρ ≡ 1 by configuration: TRL 1.16 then keeps no old log-probs and its loss uses
+    log π detached (`_generate_and_score_completions`: they are computed only when
+    `gradient_accumulation_steps % (steps_per_generation × num_iterations) != 0`, or with
+    vLLM's importance correction), since every pass over a batch falls in one optimiser step."""
+    every = args.steps_per_generation * args.num_iterations
+    return (args.gradient_accumulation_steps % every == 0
+            and not (args.use_vllm and args.vllm_importance_sampling_correction))
 
 
 def trl_loss(method, logp, logp_old, adv, mask, loss_type, *, max_completion_length=None,
@@ -225,8 +371,17 @@ def metrics(method, logp, logp_old, adv, mask, entropy=None, accelerator=None,
             out.update(TRL_METRICS[f["loss_type"]](nx.ratio_from_log(lr), a, m, f, procs))
         if entropy is not None:
             out["entropy"] = _global_mean(entropy.detach(), m, procs)
+        # gate_zero and gate_mean are over the A ≠ 0 tokens (gate_mean: every token when there
+        # is none): over processes each process's value weighs by its count of those tokens,
+        # as TRL weighs its clip fractions by tokens, not one process one vote
+        a0 = adv.detach()
+        live = (m & ((a0[:, None] if a0.dim() == 1 else a0) != 0)).sum()
+        n = torch.stack([live, m.sum()]).to(device=logp.device, dtype=torch.float64)
         for k, v in gate_stats(method, logp, logp_old, adv, m, side).items():
-            v = procs.gather(torch.tensor([v], device=logp.device)).mean().item()
+            if procs.acc is not None and procs.acc.num_processes > 1:
+                v = torch.tensor(v, dtype=torch.float64, device=logp.device)
+                t = procs.sum(torch.cat([torch.nan_to_num(v) * n, n]))  # Σ v·n, Σ n
+                v = (t[0] / t[2] if t[2] > 0 else t[1] / t[3].clamp(min=1)).item()
             out[f"rlgates/{k}"] = v
     return out
 
@@ -268,31 +423,68 @@ def builtin_loss(trainer, logp, logp_old, adv, mask, num_items_in_batch=None, en
         del trainer._get_per_token_logps_and_entropies
 
 
+def _refuse(args, method, trainer=None):
+    """ValueError for every entry of REFUSED that holds (before GRPOTrainer.__init__, trainer
+    None: those that read only args and the method)."""
+    c = SimpleNamespace(args=args, method=method, trainer=trainer)
+    bad = []
+    for setting, _, holds in REFUSED:
+        found = holds(c)
+        if found:
+            bad.append(setting + (f" ({found})" if isinstance(found, str) else ""))
+    if bad:
+        raise ValueError("RlgatesGRPOTrainer does not carry: " + "; ".join(bad))
+
+
+def _check_config(args, method, allow_config_mismatch):
+    _refuse(args, method)
+    text = config_mismatch(args, method)
+    if text is None:
+        return
+    if not allow_config_mismatch:
+        raise ValueError("RlgatesGRPOTrainer: " + text)
+    warnings.warn("RlgatesGRPOTrainer (allow_config_mismatch=True): " + text, stacklevel=3)
+
+
 class RlgatesGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with an rlgates method (built-in, registered or `rlgates.byo.make`) as
-    its policy loss. Takes GRPOTrainer's arguments plus `method`: a Method or a registry name."""
+    its policy loss. Takes GRPOTrainer's arguments plus `method`: a Method or a registry name.
 
-    def __init__(self, *args, method, **kwargs):
-        super().__init__(*args, **kwargs)
+    Before GRPOTrainer.__init__ loads anything, it refuses what it cannot carry (`REFUSED`) and
+    GRPOConfig gate settings that differ from the method's TRL flags (`config_mismatch`; with
+    `allow_config_mismatch=True`, a warning instead, and the method's values are trained). Once
+    built it warns when ρ ≡ 1 by configuration (`rho_is_one`): no gate can act then."""
+
+    def __init__(self, *args, method, allow_config_mismatch=False, **kwargs):
         if isinstance(method, str):
             import rlgates
 
             method = rlgates.get(method)
+        config = kwargs["args"] if "args" in kwargs else (args[2] if len(args) > 2 else None)
+        if config is not None:  # None: GRPOTrainer builds its default, checked below
+            _check_config(config, method, allow_config_mismatch)
+        super().__init__(*args, **kwargs)
         self.method = method
-        self._check_supported()
+        if config is None:
+            _check_config(self.args, method, allow_config_mismatch)
+        self._check_supported()  # the entries that need the model
+        if rho_is_one(self.args):
+            a = self.args
+            warnings.warn(
+                f"RlgatesGRPOTrainer: ρ ≡ 1 on every token, so {method.name}'s gate never acts: "
+                f"gradient_accumulation_steps={a.gradient_accumulation_steps} is a multiple of "
+                f"steps_per_generation × num_iterations = {a.steps_per_generation} × "
+                f"{a.num_iterations}, so every pass over a batch falls in one optimiser step and "
+                "TRL keeps no old log-probs. For a gate to act, set num_iterations=2 with "
+                "steps_per_generation = gradient_accumulation_steps, or steps_per_generation > "
+                "gradient_accumulation_steps.", stacklevel=2)
 
     def _check_supported(self):
-        bad = []
-        for setting, _, holds in REFUSED:
-            found = holds(self)
-            if found:
-                bad.append(setting + (f" ({found})" if isinstance(found, str) else ""))
-        if bad:
-            raise ValueError("RlgatesGRPOTrainer does not carry: " + "; ".join(bad))
+        _refuse(self.args, self.method, self)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if return_outputs:
-            raise ValueError("The GRPOTrainer does not support returning outputs")
+    def _compute_loss(self, model, inputs):
+        """The method's loss under TRL's normaliser, in place of TRL's own (GRPOTrainer's
+        `compute_loss` calls this hook, and `rlgates.inspect.capture` wraps it)."""
         if inputs.get("pixel_values") is not None:
             raise ValueError("RlgatesGRPOTrainer handles text-only inputs")
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
