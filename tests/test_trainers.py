@@ -603,9 +603,73 @@ def test_verl_bypass_mode_replaces_the_loss_and_is_refused():
 
     with pytest.raises(ValueError, match="bypass_mode"):
         rverl.check_config(cfg(name, True))
-    rverl.check_config(cfg(name, False))
-    rverl.check_config(cfg("vanilla", True))  # verl's own losses: not the adapter's business
-    rverl.check_config({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": name}}}})
+    # verl's own losses: not the adapter's business
+    assert rverl.check_config(cfg("vanilla", True)) == []
+
+
+def test_verl_check_config_needs_a_module_that_registers_the_loss(tmp_path, monkeypatch):
+    """An rlgates loss_mode needs a module verl imports in its workers (external_lib or
+    VERL_USE_EXTERNAL_MODULES) that registers it; check_config imports it, as a worker does,
+    and warns where loss_agg_mode is not the method's aggregation and no agg= was given."""
+    from pathlib import Path
+
+    import verl
+    from omegaconf import OmegaConf
+
+    monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
+    c = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    c.actor_rollout_ref.actor.policy_loss.loss_mode = "rlgates_ppo"
+    with pytest.raises(ValueError, match="no module registers it.*external_lib"):
+        rverl.check_config(c)
+    c.actor_rollout_ref.model.external_lib = "tests.engines.verl_register"  # rlgates_ppo
+    assert rverl.check_config(c) == []
+    c.actor_rollout_ref.actor.policy_loss.loss_mode = "rlgates_ppo_typo"
+    with pytest.raises(ValueError, match="is not registered by"):
+        rverl.check_config(c)
+    c.actor_rollout_ref.model.external_lib = "rlgates_no_such_module"
+    with pytest.raises(ValueError, match="cannot import"):
+        rverl.check_config(c)
+    c.actor_rollout_ref.model.external_lib = None
+    c.actor_rollout_ref.actor.policy_loss.loss_mode = "rlgates_ppo"
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "tests.engines.verl_register")
+    assert rverl.check_config(c) == []
+    monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES")
+    # a module that registers GRPO without agg=, at verl's default token-mean
+    (tmp_path / "rlgates_loose_grpo.py").write_text(
+        "import rlgates\nfrom rlgates.trainers import verl as rv\n"
+        "rv.register(rlgates.get('grpo'), name='rlgates_grpo_loose')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c.actor_rollout_ref.model.external_lib = "rlgates_loose_grpo"
+    c.actor_rollout_ref.actor.policy_loss.loss_mode = "rlgates_grpo_loose"
+    with pytest.warns(rverl.AggregationWarning, match="agg='seq-mean-token-mean'"):
+        notes = rverl.check_config(c)
+    assert len(notes) == 1 and "loss_agg_mode='token-mean'" in notes[0]
+    c.actor_rollout_ref.actor.loss_agg_mode = "seq-mean-token-mean"
+    assert rverl.check_config(c) == []
+
+
+def test_verl_loss_warns_once_where_verls_aggregation_is_not_the_methods():
+    import warnings
+
+    sapo = rlgates.get("sapo")
+    loose = rverl.register(sapo, name="rlgates_sapo_warns_once")
+    fixed = rverl.register(sapo, name="rlgates_sapo_agg_given", agg="seq-mean-token-mean")
+    logp, old, adv, mask = verl_batch()
+
+    def call(n, agg):
+        return get_policy_loss_fn(n)(old_log_prob=old, log_prob=logp, advantages=adv,
+                                     response_mask=mask, loss_agg_mode=agg, config=actor())[0]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values = {(n, a): call(n, a) for _ in range(2) for n in (loose, fixed)
+                  for a in ("token-mean", "seq-mean-token-mean")}
+    assert [w.category for w in caught] == [rverl.AggregationWarning]  # once, the loose one
+    msg = str(caught[0].message)
+    assert msg.startswith(f"{loose}: verl's loss_agg_mode='token-mean'") and "agg=" in msg
+    # what the warning is about: the loose loss trains token-mean SAPO
+    assert not torch.isclose(values[loose, "token-mean"], values[fixed, "token-mean"])
+    assert values[fixed, "token-mean"] == values[loose, "seq-mean-token-mean"]
 
 
 def test_flag_table_names_every_method():
@@ -755,7 +819,7 @@ def test_trl_conventions_that_differ(probe_model):
 TRL_METRIC_CASES = {  # name -> (method, the TRL metric names its built-in logs besides entropy)
     "dapo": (rlgates.get("dapo", eps_low=0.2, eps_high=0.28), "clip"),
     "grpo": (rlgates.get("grpo"), "clip"),
-    "dual_clip": (rlgates.get("dual_clip", eps=0.2, c=1.1), "clip"),  # δ < 1 + ε: TRL caps first
+    "dual_clip": (rlgates.get("dual_clip", eps=0.2, c=1.5), "clip"),  # δ > 1 + ε: dual-clip
     "gspo": (rlgates.get("gspo", eps_low=3e-4, eps_high=4e-4), "clip"),  # sequence level
     "cispo": (rlgates.get("cispo", eps_high=0.2), "cispo"),
     "sapo": (rlgates.get("sapo"), "sapo"),
@@ -806,15 +870,13 @@ def test_trl_metrics_are_trls_own(probe_model, case):
     # not vacuous: tokens clipped and not; the old number (gate_zero) is not TRL's
     assert all(r < 1 for r in regions) and any(r > 0 for r in regions), regions
     assert any(abs(z - r) > 1e-3 for z, r in zip(old_zero, regions, strict=True))
-    if case == "dual_clip":  # TRL counts a ratio capped at δ = 1.1 < 1 + ε as not clipped high
-        assert ref["clip_ratio/high_mean"] == 0.0
-        m2 = rlgates.get("dual_clip", eps=0.2, c=3.0)
-        assert rtrl.metrics(m2, *batches[1][:4])["clip_ratio/high_mean"] > 0
+    if case == "dual_clip":  # δ = c caps A > 0 tokens too: not dual-clip at c ≤ 1 + ε
+        assert rt.flags(rlgates.get("dual_clip", eps=0.2, c=1.1))["trl"] is None
 
 
 def test_trl_metrics_without_a_builtin_are_rlgates_own(probe_model):
     for m in (rlgates.get("sao"), rlgates.get("reinforce"), byo_soft(),
-              rlgates.get("cispo", eps_low=0.2)):
+              rlgates.get("cispo", eps_low=0.2), rlgates.get("dual_clip", c=1.1)):
         assert rt.flags(m)["trl"] is None
         logp, old, adv, mask, ent = trl_metric_batches()[0]
         assert set(rtrl.metrics(m, logp, old, adv, mask, ent)) == {"entropy"} | trl_logged()

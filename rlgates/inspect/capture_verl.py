@@ -1,10 +1,40 @@
 """Capture what verl 0.9.1's actor update feeds its loss, into the file format of
 `rlgates.inspect.capture` (schema 1), for `python -m rlgates inspect`.
 
+    # in a verl run: add to the module named by actor_rollout_ref.model.external_lib
+    from rlgates.inspect.capture_verl import capture_workers
+    capture_workers("sapo.capture")  # each actor rank writes sapo.capture/rank<r>/
+
+    # on a TrainingWorker of your own
     from rlgates.inspect.capture_verl import capture_verl
     handle = capture_verl(worker, actor_config, "run.capture")   # worker: a TrainingWorker
     worker.train_mini_batch(batch)                                # as many as you like
     handle.close()
+
+In a verl run. The actor's TrainingWorker lives inside a Ray worker process, where no script of
+yours runs but the module named by `actor_rollout_ref.model.external_lib`: verl imports it in each
+worker as it builds the model config (`ActorRolloutRefWorker.init_model`), before it builds the
+actor and hands it its loss with `self.actor.set_loss_fn(partial(ppo_loss, config=actor_config))`
+(verl 0.9.1 verl/workers/engine_workers.py). `capture_workers(path)` in that module wraps
+`TrainingWorker.set_loss_fn` in that process (`functools.wraps`, so verl's dispatch still finds
+it): the first actor loss set on a worker (`ppo_loss` or `distillation_ppo_loss`, the actor config
+read from it; a critic's `value_loss` is left alone) opens `capture_verl(worker, actor_config,
+path/rank<r>)`, r being the worker's torch.distributed rank, so that every rank writes a directory
+of its own; a later actor loss (the driver's `set_loss_fn`) is wrapped in turn. The handle is
+`worker.rlgates_capture`, and `atexit` closes it. Every optimiser step's file is written as the
+step ends, so a worker killed without running atexit loses at most the step it was in. Give `path`
+on storage every node can write; a relative one is resolved in each worker's working directory.
+Read each rank with `python -m rlgates inspect path/rank0`.
+
+What needs CUDA. verl's TrainingWorker runs on CUDA (or Ascend NPU) only: it starts its process
+group as "cpu:gloo,<device>:nccl" (verl/utils/distributed.py), its FSDP engines are registered
+for cuda and npu (verl/workers/engine/fsdp/transformer_impl.py), and on a CPU it stops with
+"Distributed package doesn't have NCCL built in". So a real capture, through Ray and
+`capture_workers`, needs GPUs. The CPU path is a test helper, not part of rlgates:
+tests/verl_cpu.py (a CPU platform, a gloo group started first, stubs for verl's memory queries)
+lets the project's tests run the same `TrainingWorker.train_mini_batch` on a CPU, in one process
+or two (tests/engines/verl_runs.py shows the batch layout verl's trainer hands the actor), and
+tests/engines/verl_recipe_run.py runs chapter 14's module and `capture_workers` there.
 
 Why this hook. verl's actor worker computes its loss with the function it was given by
 `TrainingWorker.set_loss_fn(loss_fn)`: by default `partial(ppo_loss, config=actor_config)`
@@ -15,8 +45,10 @@ Why this hook. verl's actor worker computes its loss with the function it was gi
 A wrapper of a *registered policy loss* (`core_algos.register_policy_loss`) sees neither: ppo_loss
 hands it log π, log π_old, A, the mask, the aggregation, the config (with the global batch
 counts) and only the importance weights derived from the rollout log-probs. So `capture_verl`
-installs, through `set_loss_fn`, a wrapper of `ppo_loss` itself (or of the loss you pass), and
-wraps the engine's `optimizer_step` to know where an optimiser step ends. Everything is read
+installs, through `set_loss_fn`, a wrapper of the loss the worker already has (`worker.loss_fn`:
+verl's actor sets `partial(ppo_loss, config=actor_config)`, or `distillation_ppo_loss`), of the
+loss you pass (`loss_fn`), or, on a worker with none, of `ppo_loss(config)`; and it wraps the
+engine's `optimizer_step` to know where an optimiser step ends. Everything is read
 detached, after the loss returns; the loss and its gradient are unchanged.
 
 What it records per optimiser step: the tokens as in `rlgates.inspect.capture` (log π, log π_old,
@@ -37,7 +69,10 @@ order after its own rebalancing.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,11 +83,36 @@ from .capture import _Recorder
 VERL_SETTINGS = ("loss_agg_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high",
                  "clip_ratio_c", "ppo_epochs", "ppo_mini_batch_size",
                  "ppo_micro_batch_size_per_gpu", "entropy_coeff", "use_kl_loss",
-                 "use_dynamic_bsz", "loss_scale_factor")
+                 "use_dynamic_bsz", "loss_scale_factor", "tau_pos", "tau_neg")
+
+
+def _registered_method(mode):
+    """(method, agg) of the rlgates loss registered in verl under `mode`
+    (`rlgates.trainers.verl.register`, whose function holds its method and aggregation), or
+    None for any other loss."""
+    import inspect
+
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    from ..methods import Method
+
+    fn = POLICY_LOSS_REGISTRY.get(mode)
+    found = getattr(fn, "rlgates_method", None), getattr(fn, "rlgates_agg", None)
+    if found[0] is None and inspect.isfunction(fn):
+        free = inspect.getclosurevars(fn).nonlocals
+        found = free.get("method"), free.get("agg")
+    return found if isinstance(found[0], Method) else None
 
 
 def verl_settings(config) -> dict:
+    """The settings a verl capture records: `VERL_SETTINGS` of the actor config, its policy-loss
+    fields (loss_mode, and the others as "policy_loss.<field>"), and for an rlgates loss
+    (loss_mode rlgates_<name>) the method, its hyperparameters and aggregation ("method",
+    `capture.method_record`)."""
     import verl
+
+    from ..trainers.conformance_verl import POLICY_LOSS_KEYS
+    from .capture import method_record
 
     def plain(v):
         return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
@@ -60,8 +120,15 @@ def verl_settings(config) -> dict:
     out = {k: plain(getattr(config, k, None)) for k in VERL_SETTINGS}
     policy = getattr(config, "policy_loss", None) or {}
     out["loss_mode"] = plain(policy.get("loss_mode", "vanilla"))
+    for k in POLICY_LOSS_KEYS:
+        if k != "loss_mode":
+            out[f"policy_loss.{k}"] = plain(policy.get(k, None))
     out["trainer"] = "verl"
     out["aggregation"] = out["loss_agg_mode"]
+    found = _registered_method(out["loss_mode"])
+    if found is not None:
+        out["method"] = method_record(found[0], found[1])
+        out["aggregation"] = found[1] or out["loss_agg_mode"]
     out["num_iterations"] = out["ppo_epochs"]
     out["versions"] = {"verl": verl.__version__, "torch": torch.__version__}
     return out
@@ -85,9 +152,11 @@ class VerlCapture(_Recorder):
         optimizer = getattr(worker.engine, "optimizer", None)
         if optimizer is not None and optimizer.param_groups:
             self.settings["learning_rate"] = float(optimizer.param_groups[0]["lr"])
-        self.inner = loss_fn or (lambda model_output, data, dp_group=None:
-                                 ppo_loss(config, model_output, data, dp_group))
         self.own_loss = getattr(worker, "loss_fn", None)
+        # the loss the worker trains with: a capture never swaps it for a fresh ppo_loss
+        self.inner = loss_fn or self.own_loss or (
+            lambda model_output, data, dp_group=None: ppo_loss(config, model_output, data,
+                                                                dp_group))
         self.step = 0
         engine = worker.engine
         self._had_step = "optimizer_step" in engine.__dict__
@@ -154,10 +223,70 @@ class VerlCapture(_Recorder):
 
 
 def capture_verl(worker, config, path, tokens_per_step=4096, seed=0, loss_fn=None):
-    """Record what verl's actor update feeds `ppo_loss(config, ...)` (or `loss_fn`, called as
-    verl calls a loss function) into the directory `path`. worker: a verl TrainingWorker
-    (anything with `set_loss_fn` and `engine.optimizer_step`). Returns the handle."""
+    """Record what verl's actor update feeds its loss into the directory `path`: `loss_fn` if
+    given (called as verl calls a loss function), else the worker's own (`worker.loss_fn`), else
+    `ppo_loss(config, ...)`. worker: a verl TrainingWorker (anything with `set_loss_fn` and
+    `engine.optimizer_step`); config: its actor config (recorded as the settings). Returns the
+    handle."""
     return VerlCapture(worker, config, path, tokens_per_step, seed, loss_fn)
 
 
-__all__ = ["VERL_SETTINGS", "VerlCapture", "capture_verl", "verl_settings"]
+#: capture_workers' settings in this process (the latest call's)
+_WORKERS = {}
+HANDLE_ATTR = "rlgates_capture"  # the worker attribute that holds its handle
+
+
+def _actor_config(loss_fn):
+    """The actor config of verl's actor loss `partial(ppo_loss | distillation_ppo_loss,
+    config=...)`, as ActorRolloutRefWorker.init_model sets it; None for any other loss."""
+    from verl.workers.utils.losses import ppo_loss
+
+    losses = [ppo_loss]
+    try:
+        from verl.trainer.distillation import distillation_ppo_loss
+        losses.append(distillation_ppo_loss)
+    except ImportError:  # a verl without distillation
+        pass
+    if isinstance(loss_fn, functools.partial) and loss_fn.func in losses:
+        return loss_fn.keywords.get("config")
+    return None
+
+
+def _hook(original):
+    @functools.wraps(original)  # keeps verl's @register attributes: its dispatch finds it
+    def set_loss_fn(self, loss_fn):
+        handle = self.__dict__.get(HANDLE_ATTR)
+        if handle is None:
+            original(self, loss_fn)
+            config = _actor_config(loss_fn)
+            if config is not None:
+                import torch.distributed as dist
+
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                handle = VerlCapture(self, config, Path(_WORKERS["path"]) / f"rank{rank}",
+                                     _WORKERS["tokens_per_step"], _WORKERS["seed"], rank=rank)
+                setattr(self, HANDLE_ATTR, handle)
+                atexit.register(handle.close)
+            return
+        if not handle.closed and loss_fn != handle._loss:  # a new loss: capture it in turn
+            handle.inner = handle.own_loss = loss_fn
+            loss_fn = handle._loss
+        original(self, loss_fn)
+
+    set_loss_fn.rlgates_original = original
+    return set_loss_fn
+
+
+def capture_workers(path, tokens_per_step=4096, seed=0) -> None:
+    """Capture every verl actor that this process builds from now on, each rank into
+    `path`/rank<r>/, closed at exit (see "In a verl run" above). Call it in the module named by
+    `actor_rollout_ref.model.external_lib`. Calling it again changes the settings, not the
+    hook."""
+    from verl.workers.engine_workers import TrainingWorker
+
+    _WORKERS.update(path=str(path), tokens_per_step=tokens_per_step, seed=seed)
+    if not hasattr(TrainingWorker.set_loss_fn, "rlgates_original"):
+        TrainingWorker.set_loss_fn = _hook(TrainingWorker.set_loss_fn)
+
+
+__all__ = ["VERL_SETTINGS", "VerlCapture", "capture_verl", "capture_workers", "verl_settings"]

@@ -3,8 +3,8 @@
     # my_losses.py: a module of yours, importable in every worker
     import rlgates
     from rlgates.trainers import verl as rv
-    rv.patch_environment()                    # verl 0.9.1 next to TRL 1.16 (see the end)
-    rv.register(rlgates.get("sapo"))          # -> "rlgates_sapo"
+    rv.patch_environment()  # else verl 0.9.1 builds no model next to TRL 1.16
+    rv.register(rlgates.get("sapo"), agg="seq-mean-token-mean")  # -> "rlgates_sapo"
 
     # then run verl with
     #   actor_rollout_ref.model.external_lib=my_losses
@@ -23,7 +23,8 @@ workers (verl/workers/utils/losses.py `ppo_loss` calls `get_policy_loss_fn(loss_
 the model config (`HFModelConfig.__post_init__` calls `import_external_libs(external_lib)`,
 verl/workers/config/model.py). (verl also imports the comma-separated modules of the environment
 variable VERL_USE_EXTERNAL_MODULES wherever `verl` itself is imported, if that variable reaches
-the workers.)
+the workers.) The module must be importable there and in the driver (installed, or on
+PYTHONPATH): `check_config` imports it too.
 
 Advantages. verl passes them as [B, T], one per token (its estimators write GRPO's constant
 along each row, GAE's varying), and the adapter uses them per token, in its loss and in its
@@ -36,9 +37,14 @@ batch_num_tokens, global_batch_size, loss_scale_factor), as verl's own losses do
 seq-mean-token-sum-norm without loss_scale_factor that divisor is the width of the tensors the
 loss is given: on verl's padding-free batches (the v1 trainer) each micro-batch's longest
 response, which the micro-batch split changes (chapter 14 measures it). Pass
-`agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean). The gate comes
-from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read. Rollout correction
-weights (`rollout_is_weights`, off by default) multiply each token's objective, as in verl.
+`agg=` to `register` to fix one instead (verl's SAPO fixes seq-mean-token-mean, hence the
+module above). Without `agg=`, where verl's loss_agg_mode (token-mean unless set) is not the
+method's own aggregation (`method.agg`: seq-mean-token-mean for grpo, sapo, gspo, gmpo), the loss
+trains under verl's and warns once per loss_mode in each process (`AggregationWarning`): SAPO at
+token-mean is neither verl's sapo nor rlgates' SAPO. `agg=` says which you mean and silences it.
+The gate comes from the method: verl's clip_ratio*, clip_ratio_c and tau_* are not read.
+Rollout correction weights (`rollout_is_weights`, off by default) multiply each token's
+objective, as in verl.
 
 Metrics. verl's built-in losses each define actor/pg_clipfrac, actor/pg_clipfrac_lower and
 actor/ppo_kl in their own way (`VERL_METRICS`). A method with a built-in of the same family
@@ -56,9 +62,36 @@ you configured it. On the legacy trainer (`trainer.use_v1=false`, ray_trainer.py
 (verl 0.9.1's default) the loss runs, but with old_log_prob = the rollout's log-probs and without
 the rollout correction (IS weights, rejection sampling) that bypass mode's settings ask for.
 The loss cannot see this: it receives only the actor's config, and
-`algorithm.rollout_correction` is not in it (on the legacy trainer it is not called at all). So
-call `check_config(config)` on the full trainer config in your entry point (before
-`run_ppo(config)`): it raises ValueError for an rlgates loss_mode with bypass mode on.
+`algorithm.rollout_correction` is not in it (on the legacy trainer it is not called at all).
+
+The entry point. `check_config(config)` reads verl's full trainer config in the driver, before
+verl starts Ray, for what no worker can see. For an rlgates loss_mode it raises ValueError where
+the run would not train that loss: bypass mode on; no `actor_rollout_ref.model.external_lib`
+(nor VERL_USE_EXTERNAL_MODULES), so the workers stop with "Unsupported loss mode"; a module that
+does not import, or does not register that loss_mode (it imports them here, as each worker
+will). It warns (AggregationWarning) where loss_agg_mode is not the method's aggregation and
+`register` had no `agg=`, and returns the warnings' texts. Around verl's Hydra entry point:
+
+    # train.py: verl's main_ppo with the check first. Run it as verl's:
+    #   python train.py actor_rollout_ref.model.external_lib=my_losses ...
+    import hydra
+    from verl.trainer import main_ppo
+
+    from rlgates.trainers import verl as rv
+
+
+    @hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer",
+                version_base=None)
+    def main(config):
+        rv.check_config(config)  # raises before Ray starts
+        main_ppo.main(config)    # verl's own main: validate_config, then run_ppo
+
+
+    if __name__ == "__main__":
+        main()
+
+Capturing a run for `python -m rlgates inspect`: `rlgates.inspect.capture_verl.capture_workers`,
+called in the same module (each actor rank writes a directory of its own).
 
 `patch_environment()` (explicit; importing this module does not call it): verl 0.9.1 imports
 TRL's value-head model, which TRL 1.16.0 removed, on every model build; this provides a stand-in
@@ -68,6 +101,9 @@ imports it in the worker before the engine is built).
 """
 
 from __future__ import annotations
+
+import os
+import warnings
 
 import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
@@ -79,6 +115,22 @@ from . import VERL_PREFIX, _detached_inputs, flags, gate_stats, loss
 from ._verl_compat import patch_environment
 
 PREFIX = VERL_PREFIX  # the names `register` gives
+
+
+class AggregationWarning(UserWarning):
+    """An rlgates loss registered without `agg=` runs under a verl loss_agg_mode that is not its
+    method's own aggregation."""
+
+
+_WARNED = set()  # the loss_modes that warned in this process
+
+
+def _agg_note(name, method, mode):
+    return (f"{name}: verl's loss_agg_mode={mode!r} is not {method.name}'s own aggregation "
+            f"{method.agg!r}, and the loss follows verl's. To train {method.name} as rlgates "
+            f"defines it, register it with agg={method.agg!r} (or set "
+            f"actor_rollout_ref.actor.loss_agg_mode={method.agg}); to keep verl's, register it "
+            f"with agg={mode!r}, which also silences this warning.")
 
 
 def _mean(x, m):  # verl's own masked_mean: Σ/(n + 1e-8); counts as float32, as verl's .float()
@@ -156,6 +208,10 @@ def policy_loss(method, agg=None):
 
     def fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
            config=None, rollout_is_weights=None):
+        if agg is None and loss_agg_mode != method.agg and fn.__name__ not in _WARNED:
+            _WARNED.add(fn.__name__)
+            warnings.warn(_agg_note(fn.__name__, method, loss_agg_mode), AggregationWarning,
+                          stacklevel=2)
         info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
         dp = info.get("dp_size") or 1
         mode = agg or loss_agg_mode
@@ -179,6 +235,7 @@ def policy_loss(method, agg=None):
 
     fn.__name__ = f"{PREFIX}{method.name}"
     fn.__doc__ = f"rlgates' {method!r} under verl's policy-loss signature."
+    fn.rlgates_method, fn.rlgates_agg = method, agg  # what check_config reads
     return fn
 
 
@@ -187,7 +244,9 @@ def register(method, name=None, agg=None) -> str:
     name = name or f"{PREFIX}{method.name}"
     if not name.startswith(PREFIX):
         raise ValueError(f"use a name of rlgates' own (starting {PREFIX!r}), got {name!r}")
-    register_policy_loss(name)(policy_loss(method, agg=agg))
+    fn = policy_loss(method, agg=agg)
+    fn.__name__ = name  # the loss_mode its warning names
+    register_policy_loss(name)(fn)
     return name
 
 
@@ -199,17 +258,59 @@ def _get(cfg, path):
     return cfg
 
 
-def check_config(config) -> None:
-    """Raise ValueError if verl's full trainer `config` (a DictConfig or a dict) runs an rlgates
-    loss with `algorithm.rollout_correction.bypass_mode` on (see the module docstring)."""
-    mode = _get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") or ""
-    if str(mode).startswith(PREFIX) and _get(config, "algorithm.rollout_correction.bypass_mode"):
+def _modules(config):
+    """The modules verl imports in each worker: external_lib, then VERL_USE_EXTERNAL_MODULES."""
+    libs = _get(config, "actor_rollout_ref.model.external_lib")
+    libs = [] if not libs else [str(libs)] if isinstance(libs, str) else [str(m) for m in libs]
+    return libs + [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+
+
+def check_config(config) -> list:
+    """Check verl's full trainer `config` (a DictConfig or a dict) for an rlgates loss_mode, in
+    the driver before verl starts (see the module docstring). Raises ValueError where the run
+    would not train that loss: rollout_correction.bypass_mode on; no external_lib (nor
+    VERL_USE_EXTERNAL_MODULES) to register it in the workers; a module that does not import or
+    does not register the loss_mode (imported here, as each worker imports it). Warns
+    (AggregationWarning) where loss_agg_mode is not the method's aggregation and `register` had
+    no `agg=`. Returns the warnings' texts ([] when there are none, and for verl's own losses)."""
+    mode = str(_get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") or "")
+    if not mode.startswith(PREFIX):
+        return []
+    if _get(config, "algorithm.rollout_correction.bypass_mode"):
         raise ValueError(
             f"loss_mode={mode!r} with algorithm.rollout_correction.bypass_mode=True: verl's "
             "legacy trainer replaces the loss with its 'bypass_mode' loss, and the v1 trainer "
             "runs it against the rollout's log-probs without the rollout correction you set. "
             "Set bypass_mode=False to train with the rlgates loss.")
+    modules = _modules(config)
+    if not modules:
+        raise ValueError(
+            f"loss_mode={mode!r}, but no module registers it in verl's workers: verl looks the "
+            "loss up in each worker, which a register call in the driver does not reach, and the "
+            "workers would stop with 'Unsupported loss mode'. Name the module that calls "
+            "rlgates.trainers.verl.register in actor_rollout_ref.model.external_lib=<module> "
+            "(or in the environment variable VERL_USE_EXTERNAL_MODULES, if it reaches them).")
+    from verl.utils.import_utils import import_external_libs
+
+    try:
+        import_external_libs(modules)
+    except ImportError as e:
+        raise ValueError(f"loss_mode={mode!r}: cannot import {modules} ({e}); each worker "
+                         "imports them the same way, so make them importable (installed, or "
+                         "on PYTHONPATH).") from e
+    fn = POLICY_LOSS_REGISTRY.get(mode)
+    if fn is None:
+        ours = sorted(k for k in POLICY_LOSS_REGISTRY if k.startswith(PREFIX))
+        raise ValueError(f"loss_mode={mode!r} is not registered by {modules}; the rlgates "
+                         f"losses registered are {ours}.")
+    method = getattr(fn, "rlgates_method", None)
+    agg_mode = str(_get(config, "actor_rollout_ref.actor.loss_agg_mode") or "token-mean")
+    notes = []
+    if method is not None and fn.rlgates_agg is None and agg_mode != method.agg:
+        notes.append(_agg_note(mode, method, agg_mode))
+        warnings.warn(notes[-1], AggregationWarning, stacklevel=2)
+    return notes
 
 
-__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "VERL_METRICS", "check_config", "metrics",
-           "patch_environment", "policy_loss", "register"]
+__all__ = ["POLICY_LOSS_REGISTRY", "PREFIX", "VERL_METRICS", "AggregationWarning",
+           "check_config", "metrics", "patch_environment", "policy_loss", "register"]

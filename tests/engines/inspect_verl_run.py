@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,7 @@ def main():
     vc.setup()
     rv.patch_environment()
     from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
 
     from rlgates.inspect.capture_verl import capture_verl
 
@@ -56,7 +58,9 @@ def main():
         tu.assign_non_tensor(td, calculate_entropy=True)
         config = vr.actor_config("vanilla", clip_ratio=vr.EPS, clip_ratio_low=vr.EPS,
                                  clip_ratio_high=vr.EPS, clip_ratio_c=vr.C)
-        w.set_loss_fn(lambda **k: None)  # the worker's own loss, which the capture restores
+        # the worker's own loss, as verl's actor sets it: the capture wraps it and restores it
+        own = partial(ppo_loss, config=config)
+        w.set_loss_fn(own)
         with capture_verl(w, config, out / "capture") as handle:
             losses = []
             for _ in range(STEPS):
@@ -64,7 +68,7 @@ def main():
                 losses.append({k: (v[0] if isinstance(v, list) else v) for k, v in m.items()
                                if k in ("actor/pg_loss", "actor/pg_clipfrac",
                                         "actor/ppo_kl")})
-        assert handle.closed and w.loss_fn is not None
+        assert handle.closed and handle.inner is own and w.loss_fn is own
     facts = {"engine_log_probs": current.tolist(), "old_log_probs": old.tolist(),
              "rollout_log_probs": sampler.tolist(), "lengths": vr.LENGTHS,
              "advantages": vr.ADVANTAGES, "steps": STEPS,
