@@ -1,10 +1,13 @@
 """The command line of `python -m rlgates inspect`.
 
 Exit status (for scripts):
-    0  the capture was read and no detector fired
-    1  the capture was read and at least one detector fired (the findings are printed)
+    0  the capture was read and no fault was found; information (INFO: rho_one) and the
+       detectors that could not run on this capture (NOT CHECKED, with the reason) are printed
+    1  the capture was read and at least one detector found its fault (FINDING lines)
     2  the input could not be inspected: missing, corrupt, not a capture, a newer schema, or
        a bad argument; one line on stderr says why
+    3  with --strict only: no fault was found, but a detector --strict names (every one by
+       default) could not run on this capture
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
 #: A capture with more tokens than this gets a progress bar on stderr (with --progress auto)
 PROGRESS_TOKENS = 200_000
 
@@ -29,10 +32,12 @@ def parser():
         "and an offline HTML report with a JSON summary.",
         epilog="Each finding names the book's sections that explain it: the atlas (chapter 17)\n"
         "and the Troubleshooting page (chapter 21). Under TRL's default num_iterations=1,\n"
-        "expect rho_one: not a fault, but such a capture cannot show how far a step moves\n"
-        "the policy.\n\n"
+        "expect INFO rho_one: not a fault, but such a capture cannot show how far a step\n"
+        "moves the policy. A detector that cannot run on a capture is listed as NOT CHECKED\n"
+        "with the reason, on every run.\n\n"
         "Exit status: 0 no finding, 1 at least one finding, 2 the input could not be\n"
-        "inspected (one line on stderr says why).",
+        "inspected (one line on stderr says why), 3 (with --strict only) no finding, but a\n"
+        "detector it names could not run. INFO and NOT CHECKED lines leave it at 0.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a capture directory (step_*.npz files) or one step file")
     p.add_argument("--out", help="directory for report.html and summary.json (default: "
@@ -44,6 +49,9 @@ def parser():
     p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                    help=f"progress bar on stderr (auto: over {PROGRESS_TOKENS:,} tokens)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    p.add_argument("--strict", nargs="?", const="all", metavar="DETECTORS",
+                   help="exit 3 when no detector found a fault but one could not run: every "
+                   "detector, or the comma-separated ones named (--strict=micro_normaliser)")
     return p
 
 
@@ -88,26 +96,37 @@ def main(argv=None) -> int:
         return _fail(f"cannot inspect {args.run}: {type(e).__name__}: {text}")
 
 
-def _inspect(args) -> int:
-    from . import detect, report, run_numbers
-    from .capture import load
-
+def _steps(args, run):
+    """The --steps to draw (None: the default ones), or the line that refuses them."""
+    if not args.steps:
+        return None, ""
     try:
-        run = load(args.run)
-    except ValueError as e:
-        return _fail(str(e))
-    try:
-        steps = None if not args.steps else [int(s) for s in args.steps.split(",")]
+        steps = [int(s) for s in args.steps.split(",")]
     except ValueError:
-        return _fail(f"--steps takes comma-separated integers, not {args.steps!r}")
-    if steps is not None and (bad := sorted(set(steps) - {int(s) for s in run.steps})):
-        return _fail(f"--steps {bad} not in the capture (its steps: {int(run.steps[0])} to "
-                     f"{int(run.steps[-1])})")
-    n_tokens = len(run.tokens.get("logp", ()))
-    show = (args.progress == "always"
-            or (args.progress == "auto" and n_tokens > PROGRESS_TOKENS))
-    numbers = run_numbers(run, Bar(f"inspect {n_tokens:,} tokens") if show else None)
-    findings = detect(numbers, run.settings)
+        return None, f"--steps takes comma-separated integers, not {args.steps!r}"
+    if bad := sorted(set(steps) - {int(s) for s in run.steps}):
+        return None, (f"--steps {bad} not in the capture (its steps: {int(run.steps[0])} to "
+                      f"{int(run.steps[-1])})")
+    return steps, ""
+
+
+def _strict(args):
+    """The detectors --strict requires to run (() without --strict), or the line refusing it."""
+    from .detectors import DETECTORS
+
+    if args.strict is None:
+        return (), ""
+    names = tuple(DETECTORS) if args.strict == "all" else tuple(
+        n.strip() for n in args.strict.split(",") if n.strip())
+    if bad := [n for n in names if n not in DETECTORS]:
+        return (), f"--strict: no detector {', '.join(bad)} (they are: {', '.join(DETECTORS)})"
+    return names, ""
+
+
+def _write(args, run, numbers, findings, steps):
+    """summary.json (and report.html) under --out; returns (the summary, the report's path)."""
+    from . import report
+
     src = Path(args.run)
     out = Path(args.out) if args.out else src.with_name(src.name + ".inspect")
     out.mkdir(parents=True, exist_ok=True)
@@ -116,14 +135,55 @@ def _inspect(args) -> int:
     if not args.no_html:
         (out / "report.html").write_text(report.html(run, numbers, findings, steps,
                                                      source=str(src)), encoding="utf-8")
-    fired = [f for f in findings if f.fired]
+    return summary, out / ("summary.json" if args.no_html else "report.html")
+
+
+def _print(args, summary, findings, where, n_tokens):
+    """The findings, the information, what was not checked and the headline, on stdout."""
+    from .report import headline
+
     if summary["gate"]["method"] is None:  # said even with --quiet: every gate number is NaN
         print(f"no method: {summary['gate']['note']}")
-    if not args.quiet or fired:
-        for f in fired:
-            print(f"FINDING {f.name}: {f.message}\n  read: {f.atlas}")
-        if not fired:
-            print(f"healthy: no detector fired ({len(numbers['step'])} steps, "
-                  f"{n_tokens:,} tokens)")
-        print(f"report: {out / ('summary.json' if args.no_html else 'report.html')}")
-    return EXIT_FINDINGS if fired else EXIT_HEALTHY
+    if args.quiet and not any(f.fault for f in findings):
+        return
+    for f in findings:
+        if f.fired:
+            print(f"{'FINDING' if f.fault else 'INFO'} {f.name}: {f.message}\n  read: {f.atlas}")
+    for f in findings:
+        if not f.checked:
+            print(f"NOT CHECKED {f.name}: {f.reason}")
+    print(f"{headline(findings)}; {len(summary['steps'])} steps, {n_tokens:,} tokens")
+    print(f"report: {where}")
+
+
+def _status(findings, strict) -> int:
+    """The exit status (the module docstring)."""
+    if any(f.fault for f in findings):
+        return EXIT_FINDINGS
+    if any(not f.checked and f.name in strict for f in findings):
+        return EXIT_NOT_CHECKED
+    return EXIT_HEALTHY
+
+
+def _inspect(args) -> int:
+    from . import detect, run_numbers
+    from .capture import load
+
+    strict, refused = _strict(args)
+    if refused:
+        return _fail(refused)
+    try:
+        run = load(args.run)
+    except ValueError as e:
+        return _fail(str(e))
+    steps, refused = _steps(args, run)
+    if refused:
+        return _fail(refused)
+    n_tokens = len(run.tokens.get("logp", ()))
+    show = (args.progress == "always"
+            or (args.progress == "auto" and n_tokens > PROGRESS_TOKENS))
+    numbers = run_numbers(run, Bar(f"inspect {n_tokens:,} tokens") if show else None)
+    findings = detect(numbers, run.settings)
+    summary, where = _write(args, run, numbers, findings, steps)
+    _print(args, summary, findings, where, n_tokens)
+    return _status(findings, strict)

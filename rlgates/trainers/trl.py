@@ -41,8 +41,8 @@ the same micro-batch, at the method's own ε (and δ), reduced over processes as
 them. A method without one (sao, reinforce, your own) logs no clip metric under TRL's names.
 `entropy` (the current policy's mean entropy over the completion tokens) does not depend on the
 loss, so every method logs it. Every method also logs rlgates' own `rlgates/gate_mean` and
-`rlgates/gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens, averaged over
-processes).
+`rlgates/gate_zero` (`rlgates.trainers.gate_stats`: over the A ≠ 0 tokens; across processes
+weighted by each one's A ≠ 0 tokens, as TRL weighs its clip fractions by tokens).
 
 Per-token advantages. TRL's GRPOTrainer scores one advantage per completion
 (`_generate_and_score_completions`: shape [B]); its `_compute_loss` also takes [B, T], for

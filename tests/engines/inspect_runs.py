@@ -13,6 +13,12 @@ steps, and a reward that varies within a group but does not depend on length:
     big_lr         learning rate x10
     stuck          a reward equal for every completion: every group has zero spread
     length         a reward that pays for every word: lengths grow
+    ends_stuck     the healthy reward until step ENDS_STUCK_AT, then one reward for every
+                   completion: the run ends with every group flat (SHORT_STEPS steps)
+    dropout        a tiny GPT-2 with dropout 0.1 and TRL's default disable_dropout=False: the
+                   forward that computes pi_old and the loss's differ, so rho != 1 before any
+                   update (SHORT_STEPS steps); `no_dropout` is the same GPT-2 with
+                   disable_dropout=True, its negative control
 
 Three captures are injected into a copy of the healthy capture rather than trained, and the
 capture says so in its settings (`injected`): `mismatch` (sampler log-probs = log pi_old plus
@@ -39,8 +45,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 STEPS = 16
+#: the added runs are short: their faults show from the first steps
+SHORT_STEPS = 8
+ENDS_STUCK_AT = 4
 HEALTHY_LR = 2e-3
 PEAK = 10.0
+DROPOUT = 0.1
+#: the tiny GPT-2's healthy learning rate (its first Adam step moves it more than the Llama's)
+GPT2_LR = 1e-3
 
 
 def reward_clean(completions, **kwargs):
@@ -56,6 +68,26 @@ def reward_length(completions, **kwargs):
     return [float(len(c.split())) for c in completions]
 
 
+def reward_ends_flat(completions, trainer_state=None, **kwargs):
+    """reward_clean until optimiser step ENDS_STUCK_AT, then 1 for every completion."""
+    if trainer_state is not None and trainer_state.global_step >= ENDS_STUCK_AT:
+        return reward_flat(completions)
+    return reward_clean(completions)
+
+
+def tiny_gpt2(dropout):
+    """A one-layer GPT-2 on the tiny tokenizer's words, with dropout `dropout` everywhere."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.trl_run import WORDS
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(WORDS), n_embd=16, n_layer=1, n_head=2, n_positions=64,
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                     pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
+    return GPT2LMHeadModel(cfg)
+
+
 #: name -> (GRPOConfig overrides, reward function)
 TRAINED = {
     "healthy": ({}, reward_clean),
@@ -65,7 +97,14 @@ TRAINED = {
     "big_lr": ({"learning_rate": 10 * HEALTHY_LR}, reward_clean),
     "stuck": ({}, reward_flat),
     "length": ({}, reward_length),
+    "ends_stuck": ({"max_steps": SHORT_STEPS}, reward_ends_flat),
+    "dropout": ({"max_steps": SHORT_STEPS, "disable_dropout": False,
+                 "learning_rate": GPT2_LR}, reward_clean),
+    "no_dropout": ({"max_steps": SHORT_STEPS, "disable_dropout": True,
+                    "learning_rate": GPT2_LR}, reward_clean),
 }
+#: the runs on the tiny GPT-2 (the others: tests/trl_run.py's tiny Llama, which has no dropout)
+GPT2 = ("dropout", "no_dropout")
 INJECTED = ("mismatch", "sampler_ok", "blowup")
 RUNS = (*TRAINED, *INJECTED)
 
@@ -80,7 +119,7 @@ def train(name, out: Path, seed: int):
     args = config(**{"output_dir": str(out / "_trainer"), "max_steps": STEPS, "seed": seed,
                      "learning_rate": HEALTHY_LR, "loss_type": "dapo", **cfg})
     torch.manual_seed(seed)
-    model = tiny_model()
+    model = tiny_gpt2(DROPOUT) if name in GPT2 else tiny_model()
     with torch.no_grad():
         # a peaked policy, as a pretrained model's is (entropy about 2.1 nats at temperature 1; 0.4 at 0.1)
         model.lm_head.weight.mul_(PEAK)

@@ -30,7 +30,8 @@ JSON = Path(os.environ.get("RLGATES_INSPECT_JSON", ROOT / "_build/engines/inspec
 #: run -> the one detector that must fire on it (None: none may)
 EXPECTED = {"healthy": None, "rho_one": "rho_one", "micro_mean": "micro_normaliser",
             "mismatch": "mismatch", "sampler_ok": None, "low_temp": "entropy_collapse", "big_lr": "step_size",
-            "stuck": "stuck_groups", "blowup": "negative_blowup", "length": "length_drift"}
+            "stuck": "stuck_groups", "blowup": "negative_blowup", "length": "length_drift",
+            "ends_stuck": "stuck_groups", "dropout": "noisy_forward", "no_dropout": None}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,9 @@ def test_each_detector_fires_on_its_fault_only(matrix, run):
 
 def test_every_detector_is_tested_both_ways(matrix):
     fired_on = {d: [n for n, r in matrix.items() if d in r.fired] for d in DETECTORS}
-    assert all(len(v) == 1 for v in fired_on.values()), fired_on
+    assert fired_on == {d: [n for n, want in EXPECTED.items() if want == d]
+                        for d in DETECTORS}, fired_on
+    assert all(fired_on.values()), fired_on
     checked_quiet = {d: sum(1 for r in matrix.values() for f in r.findings
                             if f.name == d and f.checked and not f.fired) for d in DETECTORS}
     assert all(v >= 1 for v in checked_quiet.values()), checked_quiet
@@ -113,7 +116,9 @@ def test_command_on_real_dumps(dumps, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FINDING step_size" in out and "report:" in out
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
-    assert summary["fired"] == ["step_size"] and summary["gate"]["method"] == "dapo"
+    # TRL's dapo loss at its default epsilon_high (= epsilon = 0.2): the symmetric clip, which
+    # the conformance matrix reads as ppo (before: dapo at eps_high 0.2, the same gate)
+    assert summary["fired"] == ["step_size"] and summary["gate"]["method"] in ("ppo", "dapo")
     assert json.loads((tmp_path / "h" / "summary.json").read_text())["status"] == "healthy"
 
 
@@ -174,3 +179,51 @@ def test_verl_capture_through_the_loss_hook(verl_dump):
     assert np.nanmax(res.numbers["fit_step"]) < 1e-6 < np.nanmin(res.numbers["fit_micro"])
     assert f["mismatch"].fired  # the injected rollout log-probs, 0.5 nats off
     assert f["entropy_collapse"].checked and not f["entropy_collapse"].fired
+
+
+# --- the faults real runs showed: dropout, a run that ends stuck, the exit status ----------
+def test_dropout_moves_rho_before_any_update(matrix):
+    """With dropout on (TRL's default disable_dropout=False) the forward that computes π_old and
+    the loss's differ: ρ ≠ 1 on the first update of each generation batch, where it must be 1.
+    The same GPT-2 with dropout off has ρ = 1 there exactly (the negative control)."""
+    on, off = matrix["dropout"], matrix["no_dropout"]
+    assert on.run.settings["num_iterations"] == off.run.settings["num_iterations"] == 2
+    first = {n: {f.name: f for f in r.findings}["noisy_forward"] for n, r in
+             (("on", on), ("off", off))}
+    assert first["on"].fired and first["on"].evidence["log_ratio_absmax"] > 0.1
+    assert "dropout" in first["on"].message and "TRL's step" in first["on"].message
+    assert first["off"].checked and first["off"].evidence["log_ratio_absmax"] == 0.0
+    assert (off.numbers["rho_is_one"][::2] == 1).all()  # steps 0, 2, ...: the first updates
+    assert (on.numbers["rho_is_one"] == 0).all()
+    # the large ratios on the dropout run are the forward's noise: step_size defers to it
+    step = {f.name: f for f in on.findings}["step_size"]
+    assert not step.fired and "noisy_forward" in step.message
+
+
+def test_a_run_that_ends_stuck(matrix):
+    """The reward goes flat at step ENDS_STUCK_AT: the run's mean share of flat groups stays
+    below the threshold, its last quarter is above it."""
+    from rlgates.inspect.detectors import STUCK_SHARE
+
+    f = {x.name: x for x in matrix["ends_stuck"].findings}["stuck_groups"]
+    assert f.evidence["frac_reward_zero_std_mean"] < STUCK_SHARE
+    assert f.evidence["frac_reward_zero_std_last"] == 1.0
+    assert "ends stuck" in f.message
+    healthy = {x.name: x for x in matrix["healthy"].findings}["stuck_groups"]
+    assert healthy.evidence["frac_reward_zero_std_last"] < STUCK_SHARE
+
+
+def test_exit_status_on_real_dumps(dumps, tmp_path, capsys):
+    """rho_one is information (exit 0); a real fault exits 1; every run lists what it could not
+    check, and --strict turns that into exit status 3."""
+    args = ["--no-html", "--out", str(tmp_path / "o")]
+    assert main([str(dumps / "rho_one"), *args]) == 0
+    out = capsys.readouterr().out
+    assert "INFO rho_one" in out and "FINDING" not in out
+    assert main([str(dumps / "dropout"), *args]) == 1
+    assert "FINDING noisy_forward" in capsys.readouterr().out
+    assert main([str(dumps / "healthy"), *args]) == 0
+    out = capsys.readouterr().out
+    assert "healthy (not checked: mismatch)" in out
+    assert main([str(dumps / "healthy"), *args, "--strict"]) == 3
+    assert main([str(dumps / "healthy"), *args, "--strict=micro_normaliser"]) == 0
