@@ -20,17 +20,36 @@ a factor outside the gate. The corrections differ only in what they do with w:
   framework secretly brings you off-policy RL training", 2025; verl 0.9.1's ``rollout_is="token"``
   or ``"sequence"`` with ``rollout_is_threshold=2.0``; TRL 1.16's ``token_truncate`` and
   ``sequence_truncate`` modes with ``vllm_importance_sampling_clip_max``);
-* ``mis``: masked importance sampling, w ← w·1[w ≤ C] (verl's rejection sampling,
-  ``rollout_rs`` with ``rollout_rs_threshold``; TRL's ``token_mask``/``sequence_mask`` modes, its
-  default under vLLM ``sequence_mask`` with C = 3; AReaL's ``behav_imp_weight_cap``, which drops
-  tokens whose weight exceeds the cap);
+* ``mis``: masked importance sampling, w ← w·1[w ≤ C] (TRL's ``token_mask``/``sequence_mask``
+  modes, its default under vLLM ``sequence_mask`` with C = 3; AReaL's ``behav_imp_weight_cap``,
+  which drops tokens whose weight exceeds the cap). verl has no exact equivalent: its rejection
+  sampling, ``rollout_rs`` with ``rollout_rs_threshold``, needs both bounds for its ratio
+  options, removes a rejected token from the mask (and so from the token mean's denominator,
+  where MIS's weight 0 keeps it), and weighs a kept token 1 unless ``rollout_is`` is set too;
 * ``icepop``: two-sided masking, w ← w·1[α ≤ w ≤ β] (IcePop, Ring-1T, arXiv:2510.18855; verl's
   IcePop setting ``rollout_is_threshold="0.5_5.0"``, its ``decoupled_token_icepop()`` preset).
 
 tests/test_trainer_facts.py checks these flags against the installed trainers.
 
-Each works at token level (one w_t per token) or at sequence level (w = Π_t w_t, the product over
-the response, as verl and TRL compute it, broadcast to every token of the response).
+Two more rules, from trainers outside verl and TRL, decide a token's weight from more than its
+own w:
+
+* ``seq_mask_tis``: OpenRLHF's sequence-masked TIS, w ← w_t·1[α ≤ exp(mean_t log w_t) ≤ β]:
+  a response is kept when the geometric mean of its token weights lies in the band, and each kept
+  token then carries its own, untruncated weight (OpenRLHF 0.11.2, openrlhf/models/loss.py
+  ``PolicyLoss.forward`` with ``--algo.advantage.is_correction_level seq``,
+  ``is_correction_mode mask``, ``is_correction_gating ratio``; band [0.5, 5.0] by default);
+* ``m2po``: AReaL's second-moment mask (M2PO, Zheng et al. 2025, arXiv:2510.01161),
+  w ← 1[token kept]: over the batch's real tokens, drop those with the largest (log w)² until the
+  mean of the rest is below τ (AReaL 1.0.4, areal/trainer/ppo/actor.py ``_apply_m2po_masking``,
+  ``actor.m2_threshold``; τ = 0.04 in examples/math/gsm8k_m2po.yaml). It weighs a kept token 1:
+  AReaL's example multiplies in decoupled PPO's weight as well, which here is one more
+  correction's weight multiplied in.
+
+Each of the first three works at token level (one w_t per token) or at sequence level
+(w = Π_t w_t, the product over the response, as verl and TRL compute it, broadcast to every token
+of the response); ``seq_mask_tis`` reads its response's geometric mean (level "sequence" only) and
+``m2po`` the whole batch (level "token" only).
 
 Every method takes the weight as ``m.loss(logp, logp_prox, adv, mask, is_weight=w)`` (and
 ``m.expected_grad(..., is_weight=w)`` for the closed form). The lab runs a gate with a correction
@@ -53,14 +72,27 @@ CORRECTIONS = {
             "source": "Yao et al. 2025 (TIS blog); verl rollout_is with rollout_is_threshold=2.0; "
                       "TRL *_truncate modes with vllm_importance_sampling_clip_max"},
     "mis": {"mode": "mask", "level": "token", "low": None, "high": 2.0,
-            "source": "verl rejection sampling (rollout_rs, rollout_rs_threshold); TRL token_mask "
-                      "/ sequence_mask (default sequence_mask, clip_max=3.0); AReaL "
-                      "behav_imp_weight_cap"},
+            "source": "TRL token_mask / sequence_mask (default sequence_mask, clip_max=3.0); "
+                      "AReaL behav_imp_weight_cap; verl: no exact equivalent (rollout_rs drops "
+                      "rejected tokens from the mask and the normaliser)"},
     "icepop": {"mode": "mask", "level": "token", "low": 0.5, "high": 5.0,
                "source": "IcePop (Ring-1T, arXiv:2510.18855); verl rollout_is_threshold="
                          "'0.5_5.0' (decoupled_token_icepop)"},
+    # the sequence's geometric mean gates, each kept token keeps its own weight
+    "seq_mask_tis": {"mode": "sequence-mask", "level": "sequence", "low": 0.5, "high": 5.0,
+                     "source": "OpenRLHF 0.11.2 openrlhf/models/loss.py PolicyLoss.forward, "
+                               "is_correction_level='seq', is_correction_mode='mask', "
+                               "is_correction_gating='ratio', is_correction_threshold "
+                               "[0.5, 5.0] (openrlhf/cli/train_ppo_ray.py: 'seq-mask-tis')"},
+    # `high` is the second-moment threshold τ, not a bound on w
+    "m2po": {"mode": "second-moment", "level": "token", "low": None, "high": 0.04,
+             "source": "M2PO (arXiv:2510.01161); AReaL 1.0.4 areal/trainer/ppo/actor.py "
+                       "_apply_m2po_masking / _get_m2po_loss_mask, actor.m2_threshold (0.04 in "
+                       "examples/math/gsm8k_m2po.yaml)"},
 }
 LEVELS = ("token", "sequence")
+#: the kinds whose rule fixes the level: kind -> the only level it takes
+FIXED_LEVEL = {"seq_mask_tis": "sequence", "m2po": "token"}
 
 
 def _threshold(kind, name, value):
@@ -71,7 +103,8 @@ def _threshold(kind, name, value):
 
 @dataclass(frozen=True)
 class Correction:
-    """One importance-weight rule: `kind` (tis, mis, icepop), `level`, and the band [low, high].
+    """One importance-weight rule: `kind` (tis, mis, icepop, seq_mask_tis, m2po), `level`, and
+    the band [low, high] (for m2po, `high` is the threshold τ on the mean of (log w)²).
 
     >>> c = Correction("tis")                      # token level, C = 2
     >>> w = c.weight(logp_prox, logp_behaviour, mask)   # [B, T], no gradient
@@ -89,6 +122,11 @@ class Correction:
         level = spec["level"] if self.level is None else self.level
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        if self.kind in FIXED_LEVEL and level != FIXED_LEVEL[self.kind]:
+            raise ValueError(f"{self.kind} works at level {FIXED_LEVEL[self.kind]!r} only, got "
+                             f"{level!r}")
+        if self.kind == "m2po" and self.low is not None:
+            raise ValueError("m2po takes one threshold, high (τ); low must be None")
         low = spec["low"] if self.low is None else self.low
         high = spec["high"] if self.high is None else self.high
         low, high = _threshold(self.kind, "low", low), _threshold(self.kind, "high", high)
@@ -108,27 +146,65 @@ class Correction:
     def label(self) -> str:
         return f"{self.kind}-{self.level[:3]}"
 
-    def apply(self, log_w):
-        """The corrected weight from log w (elementwise): truncated, or zero outside the band."""
+    def apply(self, log_w, mask=None):
+        """The corrected weight from log w: truncated, or zero outside the band (elementwise).
+        `seq_mask_tis` reads each row of `log_w` as one response (its mean over the row's real
+        tokens gates it) and `m2po` the real tokens of the whole tensor as one batch; `mask`
+        (default: every entry real) says which entries are real tokens."""
         log_w = nx.as_float(log_w, "log_w").detach()
         w = nx.ratio_from_log(log_w)  # log w clamped to ±20, as for ρ
+        if self.mode in ("sequence-mask", "second-moment"):
+            real = torch.ones_like(log_w, dtype=torch.bool) if mask is None else mask.bool()
+            if self.mode == "second-moment":
+                return m2po_keep(log_w, real, self.high).to(w.dtype)
+            log_w = torch.where(real, log_w, 0.0)
+            mean = log_w.sum(-1, keepdim=True) / real.sum(-1, keepdim=True).clamp(min=1)
+            return torch.where(self._in_band(nx.ratio_from_log(mean)), w, 0.0)
         if self.mode == "truncate":
             return w.clamp(self.low, self.high)
+        return torch.where(self._in_band(w), w, 0.0)
+
+    def _in_band(self, w):
         keep = torch.ones_like(w, dtype=torch.bool)
         if self.low is not None:
             keep &= w >= self.low
         if self.high is not None:
             keep &= w <= self.high
-        return torch.where(keep, w, 0.0)
+        return keep
 
     def weight(self, logp_target, logp_behaviour, mask=None):
         """[B, T] stop-gradient weight for w = π_target/μ (zero on padding)."""
         return importance_weight(logp_target, logp_behaviour, mask, self)
 
     def __repr__(self):
+        if self.mode == "second-moment":
+            return (f"Correction({self.kind!r}, level={self.level!r}, drop the largest (log w)² "
+                    f"until their mean < {self.high:g})")
         band = f"[{self.low if self.low is not None else 0:g}, " \
                f"{self.high if self.high is not None else math.inf:g}]"
         return f"Correction({self.kind!r}, level={self.level!r}, {self.mode} outside {band})"
+
+
+def m2po_keep(log_w, real, threshold):
+    """M2PO's pick, as AReaL 1.0.4 computes it (areal/trainer/ppo/actor.py,
+    `_apply_m2po_masking` and `_get_m2po_loss_mask`): the second moments M2 = (log w)² of the
+    real tokens, sorted in decreasing order; the largest are dropped until the mean of the rest
+    is below `threshold`, and at least one token is kept. A bool tensor, False on padding."""
+    m2 = log_w * log_w
+    flat = real.reshape(-1)
+    selected = m2.reshape(-1)[flat]
+    keep = torch.zeros_like(flat)
+    if selected.numel() == 0:
+        return keep.view_as(real)
+    ordered, indices = torch.sort(selected, descending=True)
+    suffix = ordered.flip(0).cumsum(0).flip(0)
+    counts = torch.arange(ordered.numel(), 0, -1, dtype=ordered.dtype)
+    below = torch.where(suffix / counts < threshold)[0]
+    n_drop = int(below[0]) if below.numel() else ordered.numel() - 1
+    kept_sorted = torch.ones_like(ordered, dtype=torch.bool)
+    kept_sorted[:n_drop] = False
+    keep[flat] = kept_sorted[torch.argsort(indices)]
+    return keep.view_as(real)
 
 
 def log_weight(logp_target, logp_behaviour, mask=None, level="token"):
@@ -156,6 +232,9 @@ def importance_weight(logp_target, logp_behaviour, mask=None, correction="tis", 
         correction = Correction(correction, **kw)
     elif kw:
         raise ValueError("pass level/low/high either in the Correction or as keywords, not both")
+    if correction.mode in ("sequence-mask", "second-moment"):  # token weights, a wider rule
+        lw, mask = log_weight(logp_target, logp_behaviour, mask, "token")
+        return torch.where(mask, correction.apply(lw, mask), 0.0)
     lw, mask = log_weight(logp_target, logp_behaviour, mask, correction.level)
     return torch.where(mask, correction.apply(lw), 0.0)
 
@@ -176,5 +255,5 @@ class Unweighted:
         return mask.to(lw.dtype)
 
 
-__all__ = ["CORRECTIONS", "LEVELS", "Correction", "Unweighted", "importance_weight",
-           "log_weight"]
+__all__ = ["CORRECTIONS", "FIXED_LEVEL", "LEVELS", "Correction", "Unweighted",
+           "importance_weight", "log_weight", "m2po_keep"]

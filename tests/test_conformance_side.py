@@ -20,6 +20,7 @@ import rlgates
 from rlgates import _numerics as nx
 from rlgates import _side
 from rlgates.trainers import conformance, conformance_side
+from tests import conformance_batch as cb
 from tests import test_conformance_verl as tcv
 from tests.test_conformance_verl import TOL, advantages, assert_equal, rlgates_loss, verl_loss
 
@@ -288,3 +289,43 @@ def test_the_verl_adapter_runs_them_like_verls_own(verl, batch):
             assert int(((dapo != 0) & (ref[1] == 0)).sum()) == 1
         else:
             assert_equal((value.detach(), leaf.grad), ref, TOL)
+
+
+# --- verl's clip_cov and kl_cov do not clamp log ρ ------------------------------------------------
+def one_token(log_ratio, adv=-1.0):
+    """A batch of one real token at the given log-ratio (its covariance is 0: Clip-Cov picks
+    nothing, KL-Cov's one pick is the token itself)."""
+    logp = torch.full((1, 1), float(log_ratio), dtype=torch.float64)
+    z = torch.zeros_like(logp)
+    return cb.HardBatch(logp=logp, logp_old=z, adv=torch.tensor([adv], dtype=torch.float64),
+                        adv_tokens=torch.full_like(logp, adv),
+                        mask=torch.ones_like(logp, dtype=torch.bool),
+                        lengths=torch.tensor([1]), kind=("one",))
+
+
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov", "geo_mean"])
+def test_unclamped_verl_losses_equal_only_inside_the_clamp(verl, name):
+    """verl computes these ratios from the unclamped log_prob − old_log_prob (geo_mean's clamp
+    is commented out); rlgates clamps log ρ at ±20 (as verl's vanilla does). One A = −1 token:
+    at log ρ = 19 the two agree; at 22 verl's gradient is e^22-sized and rlgates' ratio term is
+    0. Their rows say so."""
+    core_algos = verl[0]
+    source = inspect.getsource(core_algos.get_policy_loss_fn(name))
+    live = [ln for ln in source.splitlines() if not ln.strip().startswith("#")]
+    assert not any("min=-20.0" in ln for ln in live), name
+    assert "min=-20.0, max=20.0" in inspect.getsource(core_algos.get_policy_loss_fn("vanilla"))
+    row = next(r for r in conformance.matrix() if r.trainer == "verl" and r.name == name)
+    assert row.status == "partial" and "|log ρ| ≤ 20" in row.note
+    side = rlgates.SideInfo(draw=torch.ones(1, 1, dtype=torch.float64)) if name == "clip_cov" \
+        else None
+    kw = {"side": side} if side is not None else {}
+    inside = one_token(19.0)
+    verl_adv, _ = advantages(inside, False)
+    ref = verl_loss(verl, row, inside, verl_adv)
+    assert_equal(rlgates_loss(row, inside, inside.adv, **kw), ref, TOL)
+    past = one_token(22.0)
+    verl_adv, _ = advantages(past, False)
+    _, g_verl = verl_loss(verl, row, past, verl_adv)
+    _, g_ours = rlgates_loss(row, past, past.adv, **kw)
+    assert float(g_verl) == pytest.approx(math.exp(22), rel=1e-6)  # −A·ρ, and KL-Cov's κ·sign
+    assert abs(float(g_ours)) <= 1.0  # the clamp: at most KL-Cov's κ = 0.1 is left

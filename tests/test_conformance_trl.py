@@ -395,3 +395,34 @@ def test_a_knob_on_another_loss_is_one_class(trl, batch, cls, base_cls, knob, va
     assert_equal(rlgates_loss(trl, row, batch, batch.adv, method=m, side=side), theirs)
     _, g_base = rlgates_loss(trl, row, batch, batch.adv, method=base)
     assert (batch.mask & (g_base != 0) & (theirs[1] == 0)).any()  # the mask acts
+
+
+# --- delta is dual-clip only above the window ----------------------------------------------------
+@pytest.mark.parametrize("name, window", [("dual_clip", {"eps": 0.2}),
+                                          ("dapo_dual_clip", {"eps_low": 0.2, "eps_high": 0.2})])
+def test_trls_delta_is_dual_clip_only_above_the_window(trl, name, window):
+    """TRL's `delta` clamps coef_1 for every token, whatever the sign of A (grpo_trainer.py:
+    `coef_1 = torch.clamp(coef_1, max=self.args.delta)`), so it is dual-clip only for
+    c > 1 + ε_h. At c = 1.1 < 1.2 an A = +1 token at ρ = 1.15 is open under dual-clip
+    (gradient −ρ·A = −1.15) and shut in TRL (capped at δ): `flags` gives no TRL spelling there,
+    and does above the window, where the two agree."""
+    one = torch.ones(1, 1, dtype=torch.bool)
+    logp = torch.full((1, 1), math.log(1.15), dtype=torch.float64)
+    old, adv = torch.zeros_like(logp), torch.tensor([1.0], dtype=torch.float64)
+
+    def grads(m, settings):
+        leaf = logp.clone().requires_grad_(True)
+        trl.rtrl.builtin_loss(trainer(trl, settings), leaf, old, adv, one).backward()
+        ours = m.expected_grad(logp, old, adv, one)
+        return float(leaf.grad), float(ours)
+
+    low = rlgates.get(name, c=1.1, **window)
+    assert rlgates.trainers.flags(low)["trl"] is None
+    delta = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.2, "delta": 1.1}
+    theirs, ours = grads(low, delta)
+    assert theirs == 0.0 and ours == pytest.approx(-1.15, rel=1e-12)  # TRL's delta is not it
+    high = rlgates.get(name, c=3.0, **window)
+    settings = rlgates.trainers.flags(high)["trl"]
+    assert settings is not None and settings["delta"] == 3.0
+    theirs, ours = grads(high, settings)
+    assert theirs == pytest.approx(ours, rel=1e-12) and ours == pytest.approx(-1.15, rel=1e-12)

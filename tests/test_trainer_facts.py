@@ -363,8 +363,15 @@ def test_conventions_and_readme_clamp():
     assert "clamp(log_ratio" not in trl_loss and "log_ratio.clamp" not in trl_loss
     assert "log_importance_weights = torch.clamp" not in trl_loss
     assert _numerics.LOG_RATIO_CLAMP == 20
-    assert "verl clamps the token log-ratio at $\\pm 20$ as `rlgates` does, but GSPO's sequence " \
-        "log-ratio at $+10$ on one side only; TRL does not clamp." in _page("conventions.md")
+    page = _page("conventions.md")
+    assert "verl clamps the token log-ratio at $\\pm 20$ as `rlgates` does in `vanilla` (its " \
+        "default), `dppo_tv`, `dppo_kl`, `sapo` and `cispo`, and GSPO's sequence log-ratio at " \
+        "$+10$ on one side only; its `clip_cov`, `kl_cov` and `geo_mean` do not clamp" in page
+    assert "TRL does not clamp." in page
+    for loss in ("clip_cov", "kl_cov"):  # the ones the page says do not clamp
+        assert "min=-20.0" not in facts.code(core, f"compute_policy_loss_{loss}"), loss
+    facts.says(core, "# negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, "
+               "max=20.0)", name="compute_policy_loss_geo_mean")  # commented out
     assert "as verl does (TRL does not clamp, and verl's GSPO clamps at +10 on one side)" in \
         _page("README.md")
 

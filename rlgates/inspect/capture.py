@@ -30,33 +30,56 @@ What one optimiser step records (the step is `trainer.state.global_step` during 
   step), `row`, `position`.
 - micro-batches, every one: `loss` (the value `_compute_loss` returned, already divided by the
   accumulation steps where TRL divides), `tokens` (Σ loss mask), `rows`, `length` (the padded
-  completion length T), `num_items_in_batch` (TRL's global token count; NaN if absent).
+  completion length T), `num_items_in_batch` (TRL's global token count; NaN if absent), and sums
+  over *every* loss-masked token of the micro-batch, sampled or not, so that the checks that
+  need a whole step run on a sampled capture too (`MICRO_SUMS`):
+  `token_loss_sum` Σ ℓ_t and `token_loss_abs_sum` Σ |ℓ_t|, where ℓ_t = −J_t is the token
+  objective of the gate in the settings' `token_loss_method` (NaN where there is none);
+  `approx_kl_sum` Σ (ρ − 1 − log ρ) and `log_ratio_absmax` max |log ρ|; `sampler_tokens` (the
+  tokens with a sampler log-prob), `mismatch_kl_sum` Σ (r − 1 − log r) with r = π_old/π_sampler
+  over those tokens, and `mismatch_absmax` max |log r| (NaN when there is none).
 - sequences, every row of every micro-batch: `length` (Σ loss mask), `advantage` (its mean A over
   the masked tokens; A is per sequence in stock TRL), `prompt` (a CRC-32 of the prompt's token
   ids: TRL shuffles the generation batch's rows and keeps no group index, so this is how a
-  group's rows are found again; groups drawn from the same prompt share it too), `micro`, `row`.
+  group's rows are found again; groups drawn from the same prompt share it too), `micro`, `row`,
+  and the row's own `token_loss_sum` and `token_loss_abs_sum` over all its masked tokens.
 
 Steps count from 0: capture step k is the optimiser step the trainer logs as `"step": k + 1`.
 
-File format (schema_version 1). `path` is a directory; each optimiser step is written, when the
-next step starts or on `close()`, as `step_<global step, 8 digits>.rank<process>.npz`, so memory
-holds one step and a crash loses at most one. A file is a plain `numpy.savez_compressed` archive
-that loads with `numpy.load(f, allow_pickle=False)`: every entry is a numeric or bool array, or a
-0-d unicode string:
+A capture is one run. `path` is a directory that must be empty (or not exist): capturing into
+a directory that holds anything is refused with a ValueError, unless `overwrite=True`, which
+first removes the capture files there (`step_*.npz`; no other file). The run id is a uuid
+drawn at the start; when several TRL processes write into one directory they share process 0's
+(through torch.distributed), so every process must call `capture` at the start, as each calls
+`train`. (A verl capture draws one per process: each rank writes a directory of its own.)
+
+File format (schema_version 2). Each optimiser step is written, when the next step starts or on
+`close()`, as `step_<global step, 8 digits>.rank<process>.npz`, so memory holds one step. It is
+written to a temporary name in the same directory (`.step_*.tmp`) and renamed, so a file under
+its final name is whole and a crash loses at most the step being written. A file is a plain
+`numpy.savez_compressed` archive that loads with `numpy.load(f, allow_pickle=False)`: every entry
+is a numeric or bool array, or a 0-d unicode string:
 
     format            "rlgates.capture"     (a file without it is not a capture)
     schema_version    int64, 0-d
     settings          JSON: the trainer's settings (see `SETTINGS`), the versions,
-                      tokens_per_step and capture_seed
+                      tokens_per_step, capture_seed, run_id, "method" (an rlgates loss: its
+                      registry name, hyperparameters and aggregation; see `method_record`) and
+                      token_loss_method (the gate of the token_loss sums, or null)
     step, rank        int64, 0-d
     token/<field>     [n ≤ tokens_per_step]: the fields above (float32; mask bool; micro, row,
                       position int64)
-    micro/<field>     [micro-batches of the step]
+    micro/<field>     [micro-batches of the step] (the sums float64; counts int64)
     sequence/<field>  [rows of the step]
 
+Schema 1 (rlgates before the run id and the sums) lacks run_id, token_loss_method and the
+sums; such files still load, with a note in `Run.notes`.
+
 `load(path)` reads a directory (or one step file) into step-indexed arrays, each table with a
-`step` column; it refuses a corrupt file, a foreign file and a newer schema with a ValueError of
-one line each.
+`step` column. It refuses, with a ValueError of one line each, a corrupt file, a foreign file, a
+newer schema, and files of two runs (their run ids or settings differ). A corrupt last file of a
+rank (a crash of a writer older than schema 2, or a file cut short since) is skipped with a
+warning, also kept in `Run.notes`; a corrupt file before it is refused.
 
 verl (0.9.1): `rlgates.inspect.capture_verl.capture_verl` writes this format from verl's actor
 update. A wrapper of a registered loss would not do: `verl.workers.utils.losses.ppo_loss(config,
@@ -73,6 +96,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import uuid
 import warnings
 import zipfile
 import zlib
@@ -82,8 +108,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-#: The file format's version; `load` refuses a file with a newer one.
-SCHEMA_VERSION = 1
+#: The file format's version; `load` refuses a file with a newer one. 2: run_id, the method and
+#: the per-micro-batch sums over every token (`MICRO_SUMS`).
+SCHEMA_VERSION = 2
 FORMAT = "rlgates.capture"
 
 #: The GRPOConfig settings a capture records once (those that decide the loss, its normaliser and
@@ -94,13 +121,22 @@ SETTINGS = ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "importance
             "scale_rewards", "temperature", "top_p", "learning_rate", "top_entropy_quantile",
             "off_policy_mask_threshold", "use_vllm", "vllm_importance_sampling_correction",
             "sapo_temperature_pos", "sapo_temperature_neg", "mask_truncated_completions",
-            "entropy_coef", "seed")
+            "entropy_coef", "seed", "top_k", "min_p", "generation_kwargs", "vespo_k_pos",
+            "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 TOKEN_FIELDS = ("logp", "logp_old", "logp_sampler", "logp_ref", "entropy", "advantage", "mask",
                 "micro", "row", "position")
-MICRO_FIELDS = ("loss", "tokens", "rows", "length", "num_items_in_batch")
-SEQUENCE_FIELDS = ("length", "advantage", "prompt", "micro", "row")
-_INTEGER_FIELDS = ("micro", "row", "rows", "length", "tokens", "prompt")
+#: Per micro-batch, over every loss-masked token (not only the sampled ones): see the docstring
+MICRO_SUMS = ("token_loss_sum", "token_loss_abs_sum", "approx_kl_sum", "log_ratio_absmax",
+              "sampler_tokens", "mismatch_kl_sum", "mismatch_absmax")
+MICRO_FIELDS = ("loss", "tokens", "rows", "length", "num_items_in_batch", *MICRO_SUMS)
+SEQUENCE_FIELDS = ("length", "advantage", "prompt", "micro", "row", "token_loss_sum",
+                   "token_loss_abs_sum")
+_INTEGER_FIELDS = ("micro", "row", "rows", "length", "tokens", "prompt", "sampler_tokens")
+_FLOAT64_FIELDS = ("token_loss_sum", "token_loss_abs_sum", "approx_kl_sum", "mismatch_kl_sum")
+#: A capture file's name (step, rank), and the temporary name it is written under first
+_STEP_FILE = re.compile(r"step_(\d+)\.rank(\d+)\.npz")
+_CAPTURE_FILE = re.compile(r"step_\d+\.rank\d+\.npz|\.step_\d+\.rank\d+\.npz\.\d+\.tmp")
 
 
 def _jsonable(v):
@@ -108,7 +144,28 @@ def _jsonable(v):
         return v
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)
+    if isinstance(v, dict):  # e.g. generation_kwargs (keys may be tuples: written as text)
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
     return str(v)
+
+
+def method_record(method, agg=None) -> dict:
+    """How a capture's settings name an rlgates method (the `method` setting of a run whose loss
+    is rlgates', and `token_loss_method`): {"name": registry name, "hparams": {name: value},
+    "agg": the aggregation the trainer applies (None: its own setting, `aggregation`)}."""
+    return {"name": method.name, "hparams": {k: _jsonable(v) for k, v in method.hparams.items()},
+            "agg": agg}
+
+
+def _loss_method(trainer):
+    """The rlgates method a trainer's loss computes (the drop-in `RlgatesGRPOTrainer.method`), or
+    None for a stock trainer."""
+    from ..methods import Method
+
+    m = getattr(trainer, "method", None)
+    return m if isinstance(m, Method) else None
 
 
 def trainer_settings(trainer) -> dict:
@@ -121,7 +178,11 @@ def trainer_settings(trainer) -> dict:
 
     args = trainer.args
     out = {k: _jsonable(getattr(args, k, None)) for k in SETTINGS}
+    out["trainer"] = "trl"
     out["aggregation"] = TRL_AGG.get(args.loss_type)  # None: a loss_type rlgates does not map
+    method = _loss_method(trainer)
+    if method is not None:  # the drop-in: its gate is the method's, its normaliser loss_type's
+        out["method"] = method_record(method)
     out["num_processes"] = trainer.accelerator.num_processes
     out["versions"] = {"trl": trl.__version__, "transformers": transformers.__version__,
                        "torch": torch.__version__}
@@ -132,8 +193,9 @@ class _StepBuffer:
     """One optimiser step's records: the token reservoir (kept to `capacity` by smallest random
     key) and every micro-batch's and sequence's row."""
 
-    def __init__(self, step, capacity, generator):
+    def __init__(self, step, capacity, generator, method=None):
         self.step, self.capacity, self.generator = step, capacity, generator
+        self.method = method  # the gate of the token_loss sums (None: NaN)
         self.keys = torch.empty(0)
         self.tokens = {k: torch.empty(0) for k in TOKEN_FIELDS}
         self.micro = {k: [] for k in MICRO_FIELDS}
@@ -154,8 +216,9 @@ class _StepBuffer:
         """One micro-batch, as the TRL and the verl capture both record it. per_token:
         {field: [B, T]} with the loss's "mask" and the "advantage"; its tokens where `select`
         is True go into the reservoir; its loss, counts and `num_items` (the trainer's
-        normaliser, NaN if none) into the micro-batch table; each response's length, mean
-        advantage and prompt key (`prompts`, one per row) into the sequence table."""
+        normaliser, NaN if none) into the micro-batch table with the sums over all its tokens
+        (`MICRO_SUMS`); each response's length, mean advantage, prompt key (`prompts`, one per
+        row) and token-loss sums into the sequence table."""
         micro = len(self.micro["loss"])
         rows, positions = select.nonzero(as_tuple=True)
         new = {k: v[rows, positions] for k, v in per_token.items()}
@@ -164,9 +227,13 @@ class _StepBuffer:
         mask, adv = per_token["mask"], per_token["advantage"]
         B, T = mask.shape
         lengths = mask.sum(-1)
+        sums, row_loss, row_size = _micro_sums(per_token, self.method)
         for k, v in (("loss", float(loss.detach().float())), ("tokens", int(lengths.sum())),
-                     ("rows", B), ("length", T), ("num_items_in_batch", num_items)):
+                     ("rows", B), ("length", T), ("num_items_in_batch", num_items),
+                     *sums.items()):
             self.micro[k].append(v)
+        self.sequences["token_loss_sum"] += row_loss.tolist()
+        self.sequences["token_loss_abs_sum"] += row_size.tolist()
         self.sequences["length"] += lengths.tolist()
         self.sequences["advantage"] += ((adv * mask).sum(-1) / lengths.clamp(min=1)).tolist()
         self.sequences["prompt"] += list(prompts)
@@ -176,11 +243,7 @@ class _StepBuffer:
     def write(self, path: Path, rank: int, settings: dict) -> Path:
         """The step as one npz file (schema SCHEMA_VERSION) under `path`; returns its name."""
         f = path / f"step_{self.step:08d}.rank{rank}.npz"
-        np.savez_compressed(f, format=np.asarray(FORMAT),
-                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
-                            settings=np.asarray(json.dumps(settings)),
-                            step=np.asarray(self.step, dtype=np.int64),
-                            rank=np.asarray(rank, dtype=np.int64), **self.arrays())
+        save_step(f, settings, self.step, rank, self.arrays())
         return f
 
     def arrays(self) -> dict:
@@ -190,9 +253,61 @@ class _StepBuffer:
             out[f"token/{k}"] = v if v.dtype in (np.bool_, np.int64) else v.astype(np.float32)
         for name, table in (("micro", self.micro), ("sequence", self.sequences)):
             for k, v in table.items():
-                dtype = np.int64 if k in _INTEGER_FIELDS else np.float32
+                dtype = (np.int64 if k in _INTEGER_FIELDS else
+                         np.float64 if k in _FLOAT64_FIELDS else np.float32)
                 out[f"{name}/{k}"] = np.asarray(v, dtype=dtype)
         return out
+
+
+def save_step(f: Path, settings: dict, step: int, rank: int, arrays: dict):
+    """One step file (schema SCHEMA_VERSION) at `f`, written under a temporary name in the same
+    directory and renamed: a file under its final name is always whole."""
+    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, format=np.asarray(FORMAT),
+                                schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
+                                settings=np.asarray(json.dumps(settings)),
+                                step=np.asarray(step, dtype=np.int64),
+                                rank=np.asarray(rank, dtype=np.int64), **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, f)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _token_loss(method, logp, old, adv, mask):
+    """Each row's Σ ℓ_t and Σ |ℓ_t| (ℓ = −J, the method's token objective) over its masked
+    tokens; NaN without a method, for one that reads side information (its draws cannot be
+    repeated here), or where the method refuses the batch: a capture never stops a run."""
+    nan = torch.full(mask.shape[:1], float("nan"), dtype=torch.float64)
+    if method is None or getattr(method, "side_inputs", ()):
+        return nan, nan
+    try:
+        j = method.token_objective(logp, old, adv, mask).double()
+    except Exception:  # noqa: BLE001 - the sums are NaN, the training goes on
+        return nan, nan
+    return torch.where(mask, -j, 0.0).sum(-1), torch.where(mask, j.abs(), 0.0).sum(-1)
+
+
+def _micro_sums(per_token, method):
+    """({MICRO_SUMS field: value}, each row's Σ ℓ_t, each row's Σ |ℓ_t|) over every
+    loss-masked token of one micro-batch, in float64."""
+    mask = per_token["mask"].bool()
+    logp, old = per_token["logp"].double(), per_token["logp_old"].double()
+    lr = torch.where(mask, logp - old, 0.0)
+    samp = per_token["logp_sampler"].double()
+    have = mask & torch.isfinite(samp)
+    d = torch.where(have, old - samp, 0.0)  # log π_old/π_sampler
+    row_loss, row_size = _token_loss(method, logp, old, per_token["advantage"].double(), mask)
+    sums = {"token_loss_sum": float(row_loss.sum()), "token_loss_abs_sum": float(row_size.sum()),
+            "approx_kl_sum": float((lr.exp() - 1 - lr).sum()),
+            "log_ratio_absmax": float(lr.abs().max()) if lr.numel() else 0.0,
+            "sampler_tokens": int(have.sum()),
+            "mismatch_kl_sum": float((d.exp() - 1 - d).sum()),
+            "mismatch_absmax": float(d.abs().max()) if have.any() else float("nan")}
+    return sums, row_loss, row_size
 
 
 def _prompt_hashes(inputs):
@@ -213,21 +328,30 @@ class _Recorder:
 
     nothing = "the capture recorded nothing"
 
-    def _start(self, path, tokens_per_step, seed, rank, settings):
+    def _start(self, path, tokens_per_step, seed, rank, settings, overwrite=False, method=None,
+               share=False):
+        """Claim the directory `path` (see `_claim`), draw the run id (`share`: process 0's, for
+        processes that all write into `path`; each calls this at the start), and settle the gate
+        of the token-loss sums: `method` (the trainer's rlgates method) or the one the settings
+        name (`stats.method_for`)."""
         if tokens_per_step < 1:
             raise ValueError(f"tokens_per_step must be ≥ 1, not {tokens_per_step}")
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        _claim(self.path, overwrite)
         self.tokens_per_step = int(tokens_per_step)
         self.generator = torch.Generator().manual_seed(seed)
         self.rank = rank
-        self.settings = dict(settings, tokens_per_step=self.tokens_per_step, capture_seed=seed)
+        self.settings = dict(settings, tokens_per_step=self.tokens_per_step, capture_seed=seed,
+                             run_id=_shared(uuid.uuid4().hex) if share else uuid.uuid4().hex)
+        self.method = method if method is not None else _settings_method(self.settings)
+        self.settings["token_loss_method"] = (None if self.method is None else
+                                              method_record(self.method))
         self.files, self.buffer, self.closed = [], None, False
 
     def _buffer(self, step) -> _StepBuffer:
         """The buffer of optimiser step `step` (a new one after the last was written)."""
         if self.buffer is None:
-            self.buffer = _StepBuffer(step, self.tokens_per_step, self.generator)
+            self.buffer = _StepBuffer(step, self.tokens_per_step, self.generator, self.method)
         return self.buffer
 
     def _write(self):
@@ -256,6 +380,43 @@ class _Recorder:
         return False
 
 
+def _claim(path: Path, overwrite: bool):
+    """Make `path` a capture directory of its own: created if absent; refused if it holds
+    anything, unless `overwrite`, which removes its capture files (and nothing else) first."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path}: not a directory (a capture is a directory of step files)")
+    path.mkdir(parents=True, exist_ok=True)
+    held = list(path.iterdir())
+    ours = [f for f in held if f.is_file() and _CAPTURE_FILE.fullmatch(f.name)]
+    if held and not overwrite:
+        raise ValueError(f"{path}: not empty ({len(held)} entries, {len(ours)} of them capture "
+                         "files); a capture directory holds one run: capture into a new "
+                         "directory, or pass overwrite=True to replace its capture files")
+    for f in ours:
+        f.unlink(missing_ok=True)  # another process of the same run may have removed it
+
+
+def _shared(value):
+    """`value` as process 0 has it when several processes run (torch.distributed), else
+    `value`: every process must call this at the start."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
+def _settings_method(settings):
+    """The rlgates method the settings name (`stats.method_for`), or None."""
+    from .stats import method_for
+
+    try:
+        return method_for(settings)[0]
+    except Exception:  # noqa: BLE001 - no method: the token-loss sums are NaN, the run goes on
+        return None
+
+
 class Capture(_Recorder):
     """The handle `capture` returns: `close()` (or leaving the `with` block) writes the last
     step and restores the trainer's own methods."""
@@ -263,10 +424,10 @@ class Capture(_Recorder):
     nothing = "capture recorded nothing: the trainer's compute_loss never called _compute_loss " \
               "in training"
 
-    def __init__(self, trainer, path, tokens_per_step=4096, seed=0):
+    def __init__(self, trainer, path, tokens_per_step=4096, seed=0, overwrite=False):
         self.trainer = trainer
         self._start(path, tokens_per_step, seed, trainer.accelerator.process_index,
-                    trainer_settings(trainer))
+                    trainer_settings(trainer), overwrite, _loss_method(trainer), share=True)
         self._own = trainer.__dict__.get("_compute_loss")  # an instance override, if any
         self._inner = trainer._compute_loss
         trainer._compute_loss = self._compute_loss
@@ -331,35 +492,48 @@ class Capture(_Recorder):
             self.trainer._compute_loss = self._own
 
 
-def capture(trainer, path, tokens_per_step=4096, seed=0) -> Capture:
+def capture(trainer, path, tokens_per_step=4096, seed=0, overwrite=False) -> Capture:
     """Record what `trainer` (a stock TRL GRPOTrainer) feeds its loss, into the directory `path`
     (see the module docstring for what and how). `tokens_per_step`: the most tokens kept per
-    optimiser step; `seed`: the sampler's. Returns a handle: `close()` it, or use it in `with`."""
-    return Capture(trainer, path, tokens_per_step, seed)
+    optimiser step; `seed`: the sampler's. `path` must be empty or absent (a ValueError says
+    so); `overwrite=True` removes the capture files there first. Returns a handle: `close()`
+    it, or use it in `with`."""
+    return Capture(trainer, path, tokens_per_step, seed, overwrite)
 
 
 # --- reading ----------------------------------------------------------------------------------
 @dataclass
 class Run:
     """A loaded capture: the settings (one dict), and three tables of step-indexed arrays,
-    each with a `step` (and `rank`) column beside the fields the module docstring lists."""
+    each with a `step` (and `rank`) column beside the fields the module docstring lists.
+    `notes`: what the reader should know about the files (an old schema, a skipped file)."""
 
     settings: dict
     tokens: dict = field(default_factory=dict)
     micro: dict = field(default_factory=dict)
     sequences: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
 
     @property
     def steps(self):
         return np.unique(self.micro["step"])
 
+    @property
+    def run_id(self):
+        """The run's id (None: a schema 1 capture has none)."""
+        return self.settings.get("run_id")
+
 
 _UNREADABLE = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError)
 
 
+class _Corrupt(ValueError):
+    """A file that is cut short or damaged (as opposed to a foreign or newer one)."""
+
+
 def _read(f: Path) -> dict:
     def corrupt(e):
-        return ValueError(f"{f}: corrupt or unreadable capture file ({type(e).__name__})")
+        return _Corrupt(f"{f}: corrupt or unreadable capture file ({type(e).__name__})")
 
     try:
         z = np.load(f, allow_pickle=False)
@@ -385,24 +559,83 @@ def _read(f: Path) -> dict:
     return data
 
 
-def load(path) -> Run:
-    """Read a capture directory (or one of its step files) into a `Run`. Raises ValueError, one
-    line, for a corrupt file, a file that is not a capture, or one from a newer schema."""
-    path = Path(path)
+def _files(path: Path) -> list[Path]:
+    """The step files of a capture directory (or the one file given), in step order."""
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
-    files = sorted(path.glob("step_*.npz")) if path.is_dir() else [path]
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("step_*.npz"))
     if not files:
         # a folder of runs (one capture per subdirectory): name them, so the fix is one word
         runs = sorted(d.name for d in path.iterdir() if d.is_dir() and any(d.glob("step_*.npz")))
         hint = (f"; it holds captures in {', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}"
                 if runs else "")
         raise ValueError(f"{path}: no capture files (step_*.npz) in this directory{hint}")
-    parts = [_read(f) for f in files]
-    run = Run(settings=parts[0]["settings"])
+    return files
+
+
+def _last_of_each_rank(files) -> set:
+    last = {}
+    for f in files:  # in step order: the last one seen per rank is its last step
+        m = _STEP_FILE.fullmatch(f.name)
+        if m:
+            last[m.group(2)] = f
+    return set(last.values())
+
+
+def _read_all(files, notes) -> list:
+    """[(file, data)]: every file read; a corrupt last file of a rank (a crash while it was
+    written) skipped with a warning and a note, any other corrupt file refused."""
+    last = _last_of_each_rank(files) if len(files) > 1 else set()
+    parts = []
+    for f in files:
+        try:
+            parts.append((f, _read(f)))
+        except _Corrupt as e:
+            if f not in last:
+                raise
+            msg = f"{e}: skipped (the last step of its rank, cut short by a crash?)"
+            warnings.warn(msg, stacklevel=3)
+            notes.append(msg)
+    if not parts:
+        raise ValueError(f"{files[0].parent}: every capture file is corrupt or unreadable")
+    return parts
+
+
+def _one_run(parts, notes):
+    """Refuse files of two runs: their run ids (or, for files without one, settings) differ."""
+    f0, s0 = parts[0][0], parts[0][1]["settings"]
+    for f, data in parts[1:]:
+        s = data["settings"]
+        if s.get("run_id") != s0.get("run_id"):
+            raise ValueError(f"{f.name} is from run {s.get('run_id')} but {f0.name} from run "
+                             f"{s0.get('run_id')}: a capture directory holds one run")
+        diff = sorted(k for k in s0.keys() | s.keys() if s0.get(k) != s.get(k))
+        if diff:
+            raise ValueError(f"{f.name} and {f0.name} were captured with different settings "
+                             f"({diff[0]} {s.get(diff[0])!r} against {s0.get(diff[0])!r}"
+                             f"{f', and {len(diff) - 1} more' if len(diff) > 1 else ''}): a "
+                             "capture directory holds one run")
+    old = min(int(data["schema_version"]) for _, data in parts)
+    if old < SCHEMA_VERSION:
+        notes.append(f"capture schema {old} (this rlgates writes {SCHEMA_VERSION}): no run id, "
+                     "so two runs' files cannot be told apart, and no per-micro-batch sums, so "
+                     "micro_normaliser needs every token of a step and mismatch reads the "
+                     "captured tokens only")
+
+
+def load(path) -> Run:
+    """Read a capture directory (or one of its step files) into a `Run`. Raises ValueError, one
+    line, for a corrupt file, a file that is not a capture, one from a newer schema, or files of
+    two runs; skips a corrupt last file of a rank with a warning (see the module docstring)."""
+    notes = []
+    parts = _read_all(_files(Path(path)), notes)
+    _one_run(parts, notes)
+    run = Run(settings=parts[0][1]["settings"], notes=notes)
     for table, prefix in ((run.tokens, "token/"), (run.micro, "micro/"),
                           (run.sequences, "sequence/")):
-        for data in parts:
+        for _, data in parts:
             names = [k for k in data if k.startswith(prefix)]
             n = len(data[names[0]]) if names else 0
             for k in names:
@@ -414,5 +647,5 @@ def load(path) -> Run:
     return run
 
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "SETTINGS", "Capture", "Run", "capture", "load",
-           "trainer_settings"]
+__all__ = ["FORMAT", "MICRO_SUMS", "SCHEMA_VERSION", "SETTINGS", "Capture", "Run", "capture",
+           "load", "method_record", "save_step", "trainer_settings"]

@@ -1,5 +1,5 @@
 """Capture what verl 0.9.1's actor update feeds its loss, into the file format of
-`rlgates.inspect.capture` (schema 1), for `python -m rlgates inspect`.
+`rlgates.inspect.capture` (its schema), for `python -m rlgates inspect`.
 
     # in a verl run: add to the module named by actor_rollout_ref.model.external_lib
     from rlgates.inspect.capture_verl import capture_workers

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
@@ -173,9 +174,13 @@ def _inspect(args) -> int:
     if refused:
         return _fail(refused)
     try:
-        run = load(args.run)
+        with warnings.catch_warnings():  # the CLI prints the run's notes as one line each
+            warnings.simplefilter("ignore", UserWarning)
+            run = load(args.run)
     except ValueError as e:
         return _fail(str(e))
+    for note in run.notes:  # an old schema, a skipped file
+        print(f"note: {note}", file=sys.stderr)
     steps, refused = _steps(args, run)
     if refused:
         return _fail(refused)

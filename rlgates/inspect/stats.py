@@ -5,7 +5,10 @@ The tokens of one step are put back into rows (one row per captured response: ra
 row) and handed to `rlgates.diagnostics.step_stats` with the gate of the run's own settings
 (`method_for`). A capture keeps a uniform sample of each step's tokens (`tokens_per_step`): every
 token share, mean and KL below is then an estimate from that sample, and a sequence-level ratio
-(GSPO) is the mean over the response's sampled tokens.
+(GSPO) is the mean over the response's sampled tokens. Two checks read exact sums instead, which
+a capture (schema 2) records per micro-batch over every token: the micro-batch normaliser's fit
+(`micro_fit`) and the sampler mismatch (`mismatch_kl`, `mismatch_absmax`); on an older capture
+they fall back to the tokens (the fit then needs every token of a step).
 """
 
 from __future__ import annotations
@@ -36,24 +39,25 @@ def method_for(settings: dict):
     method's hyperparameters read back from them. note says what was assumed ("" when nothing).
 
     method None: no rlgates method computes this trainer's loss (note says which setting);
-    the gate diagnostics are then NaN and the report says so. A verl loss_mode of the adapter
-    (rlgates_<name>) is that method at its defaults: verl's config does not hold them."""
+    the gate diagnostics are then NaN and the report says so. A run whose loss is an rlgates
+    method records it (settings["method"]: the drop-in TRL trainer, a verl loss registered by
+    rlgates): that method, at its recorded hyperparameters and aggregation, is the answer. An
+    older capture of a verl loss_mode of the adapter (rlgates_<name>) is read as that method at
+    its defaults."""
     trainer = settings.get("trainer") or "trl"
     given = _row_settings(trainer, settings)
-    if trainer == "verl":
-        mode = given["policy_loss.loss_mode"]
-        agg = VERL_FIXED_AGG.get(mode) or given.get("loss_agg_mode") or "token-mean"
-        what = f"verl loss_mode {mode!r}"
-        if mode.startswith(VERL_PREFIX):
-            name = mode[len(VERL_PREFIX):]
-            if name in names():
-                return (get(name), agg, f"{mode}: rlgates' {name} at its default hyperparameters "
-                        "(verl's config does not hold them)")
-            return None, agg, f"{what} is no registered rlgates method: no gate is computed"
-    else:
-        lt = given.get("loss_type")
-        agg = given.get("aggregation") or TRL_AGG.get(lt) or "token-mean"
-        what = f"TRL loss_type {lt!r}"
+    agg, what = _trainer_loss(trainer, given)
+    record = settings.get("method")
+    if isinstance(record, dict) and record.get("name"):
+        method, note = recorded_method(record)
+        return method, record.get("agg") or agg, note
+    mode = given.get("policy_loss.loss_mode") or ""
+    if trainer == "verl" and mode.startswith(VERL_PREFIX):
+        name = mode[len(VERL_PREFIX):]
+        if name in names():
+            return (get(name), agg, f"{mode}: rlgates' {name} at its default hyperparameters "
+                    "(verl's config does not hold them)")
+        return None, agg, f"{what} is no registered rlgates method: no gate is computed"
     found = conformance.find(trainer, given)
     if found is None:
         return None, agg, (f"{what} with these settings is no row of rlgates' conformance "
@@ -64,6 +68,47 @@ def method_for(settings: dict):
     note = "" if not assumed else ("not in the capture, taken at the conformance row's value: "
                                    + ", ".join(f"{k} = {row.settings[k]}" for k in assumed))
     return get(row.method, **hparams), row.agg if same_agg else agg, note
+
+
+def _trainer_loss(trainer, given):
+    """(aggregation, the loss's name for a note) of a capture's settings, as rows write them."""
+    if trainer == "verl":
+        mode = given["policy_loss.loss_mode"]
+        return (VERL_FIXED_AGG.get(mode) or given.get("loss_agg_mode") or "token-mean",
+                f"verl loss_mode {mode!r}")
+    lt = given.get("loss_type")
+    return given.get("aggregation") or TRL_AGG.get(lt) or "token-mean", f"TRL loss_type {lt!r}"
+
+
+def recorded_method(record: dict):
+    """(method, note) of a method a capture records (`capture.method_record`); method None where
+    this process cannot build it, and note says why."""
+    name = record["name"]
+    hparams = dict(record.get("hparams") or {})
+    if name not in names():
+        return None, (f"the run's loss is rlgates' {name!r}, which is not registered in this "
+                      "process (import the module that registers it): no gate is computed")
+    try:
+        return get(name, **hparams), ""
+    except ValueError as e:
+        return None, (f"the run's loss is rlgates' {name!r} at {hparams}, which this rlgates "
+                      f"refuses ({e}): no gate is computed")
+
+
+def same_method(record, method) -> bool:
+    """Whether a recorded method (`capture.method_record`, or None) is `method`: the same name
+    and hyperparameters."""
+    if not isinstance(record, dict) or method is None or record.get("name") != method.name:
+        return False
+    got = record.get("hparams") or {}
+    return set(got) == set(method.hparams) and all(_close(got[k], v)
+                                                   for k, v in method.hparams.items())
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return bool(a == b or np.isclose(a, b, rtol=1e-9, atol=0))
+    return a == b
 
 
 def _row_settings(trainer, settings):
@@ -179,24 +224,54 @@ def sequence_numbers(run, step) -> dict:
             "frac_reward_zero_std": float(flat.mean()) if len(groups) else float("nan")}
 
 
+def recorded_sums(run, method, step):
+    """The step's micro-batches' Σ_t ℓ_t and Σ_t |ℓ_t| as the capture recorded them over every
+    token (schema 2, `token_loss_sum` and `token_loss_abs_sum`), or None where it has none under
+    `method`'s gate (an older capture, or the sums taken under another gate)."""
+    mi = run.micro
+    if "token_loss_sum" not in mi or not same_method(run.settings.get("token_loss_method"),
+                                                     method):
+        return None
+    at = mi["step"] == step
+    sums = mi["token_loss_sum"][at].astype(float)
+    scale = mi["token_loss_abs_sum"][at].astype(float)
+    return (sums, scale) if np.isfinite(sums).all() and np.isfinite(scale).all() else None
+
+
 def micro_fit(run, method, step) -> dict | None:
     """How each micro-batch's captured loss was normalised, from the captured counts: the loss
     of micro-batch k rebuilt from its tokens, Σ_t ℓ_t (ℓ = −J, the token objective of the run's
     gate), is divided by a per-step constant (the step's token count, or any constant) or by k's
-    own token count n_k. Returns each hypothesis' residual (fitted per step, relative to the
-    losses' scale), or None when the step cannot tell them apart: a token not captured (the step
-    was sampled), fewer than two micro-batches, or equal counts."""
+    own token count n_k. The sums are the capture's own over every token (`recorded_sums`) where
+    it has them, else rebuilt from the captured tokens. Returns each hypothesis' residual (fitted
+    per step, relative to the losses' scale) and "recorded" (1.0: from the recorded sums), or
+    None when the step cannot tell them apart: no recorded sums and a token not captured (the
+    step was sampled), fewer than two micro-batches, or equal counts."""
     if method is None:
         return None  # no method: the captured losses cannot be rebuilt
     mi = run.micro
     at = mi["step"] == step
     counts, losses = mi["tokens"][at].astype(float), mi["loss"][at].astype(float)
-    micro_ids = np.flatnonzero(at)
-    t = run.tokens
     if len(counts) < 2 or np.ptp(counts) == 0:
         return None
-    if int((t["step"] == step).sum()) != int(counts.sum()):
-        return None  # sampled: the sums would be estimates
+    recorded = recorded_sums(run, method, step)
+    out = {"recorded": float(recorded is not None)}
+    if recorded is None:
+        if int((run.tokens["step"] == step).sum()) != int(counts.sum()):
+            return None  # sampled: the sums would be estimates
+        recorded = _token_sums(run, method, step)
+    sums, scale = recorded
+    for name, div in (("step", np.ones_like(counts)), ("micro-batch", counts)):
+        p, q = sums / div, scale / div
+        c = float(p @ losses / (p @ p)) if p @ p > 0 else 0.0
+        out[name] = float(np.abs(losses - c * p).max() / max(abs(c) * q.max(), 1e-30))
+    return out
+
+
+def _token_sums(run, method, step):
+    """Each micro-batch's Σ_t ℓ_t and Σ_t |ℓ_t| rebuilt from the captured tokens (all of them)."""
+    mi = run.micro
+    micro_ids = np.flatnonzero(mi["step"] == step)
     s = step_rows(run, step)
     j = method.token_objective(s.logp, s.logp_old, s.adv, s.mask)
     ell = torch.where(s.mask, -j, 0.0).sum(-1).numpy()
@@ -209,13 +284,22 @@ def micro_fit(run, method, step) -> dict | None:
         row = (micro_of_row == k - int((ranks[:k] != rank).sum())) & (rank_of_row == rank)
         sums.append(ell[row].sum())
         scale.append(size[row].sum())
-    sums, scale = np.array(sums), np.array(scale)
-    out = {}
-    for name, div in (("step", np.ones_like(counts)), ("micro-batch", counts)):
-        p, q = sums / div, scale / div
-        c = float(p @ losses / (p @ p)) if p @ p > 0 else 0.0
-        out[name] = float(np.abs(losses - c * p).max() / max(abs(c) * q.max(), 1e-30))
-    return out
+    return np.array(sums), np.array(scale)
+
+
+def recorded_mismatch(run, step) -> dict:
+    """{"mismatch_kl", "mismatch_absmax"} of the step from the sums the capture recorded over
+    every token with a sampler log-prob (schema 2); {} where it recorded none (an older capture,
+    no sampler log-probs, or ones written into the tokens afterwards)."""
+    mi = run.micro
+    if "sampler_tokens" not in mi:
+        return {}
+    at = mi["step"] == step
+    n = int(mi["sampler_tokens"][at].sum())
+    if n <= 0:
+        return {}
+    return {"mismatch_kl": float(mi["mismatch_kl_sum"][at].sum() / n),
+            "mismatch_absmax": float(np.nanmax(mi["mismatch_absmax"][at]))}
 
 
 def run_numbers(run, progress: Callable[[int, int], None] | None = None) -> dict:
@@ -227,9 +311,11 @@ def run_numbers(run, progress: Callable[[int, int], None] | None = None) -> dict
         with torch.no_grad():
             row = step_numbers(method, agg, step_rows(run, step))
         row.update(sequence_numbers(run, step))
+        row.update(recorded_mismatch(run, step))
         fit = micro_fit(run, method, step)
         row["fit_step"] = np.nan if fit is None else fit["step"]
         row["fit_micro"] = np.nan if fit is None else fit["micro-batch"]
+        row["fit_recorded"] = np.nan if fit is None else fit["recorded"]
         rows.append(row)
         if progress is not None:
             progress(i + 1, len(steps))

@@ -1,4 +1,4 @@
-"""A synthetic capture in the file format of `rlgates.inspect.capture` (schema 1), with no trainer:
+"""A synthetic capture in the file format of `rlgates.inspect.capture` (schema 2), with no trainer:
 for tests of the reader and the report, and to time `inspect` on a large capture.
 
     synthetic.write(path, steps=10, rows=64, length=32)   # a healthy-looking DAPO run
@@ -7,19 +7,22 @@ Per step: `rows` responses of up to `length` tokens in `micro` micro-batches, gr
 `group` responses with A = the group-normalised reward, log π_old ~ −Exp(1), log ρ ~ N(0, σ²)
 with σ = `log_ratio_sd` on the steps after the first of each batch (num_iterations = 2), and a
 loss per micro-batch that is exactly DAPO's token sum over the step's token count
-(`normaliser="step"`) or over the micro-batch's own count (`"micro-batch"`).
+(`normaliser="step"`) or over the micro-batch's own count (`"micro-batch"`). The per-micro-batch
+sums over every token (`capture.MICRO_SUMS`) are written as a capture writes them;
+`schema_version=1` writes a capture as rlgates wrote them before (no run id, no sums).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import get
-from .capture import FORMAT, SCHEMA_VERSION
+from .capture import _FLOAT64_FIELDS, FORMAT, MICRO_SUMS, SCHEMA_VERSION, method_record
 
 SETTINGS = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None,
             "beta": 0.0, "importance_sampling_level": "token", "num_iterations": 2,
@@ -31,7 +34,7 @@ SETTINGS = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": 
 
 
 def write(path, steps=10, rows=64, length=32, micro=2, group=4, log_ratio_sd=0.02, seed=0,
-          normaliser="step", tokens_per_step=None) -> Path:
+          normaliser="step", tokens_per_step=None, schema_version=SCHEMA_VERSION) -> Path:
     """Write the capture into directory `path` (see the module docstring); returns the path."""
     if normaliser not in ("step", "micro-batch"):
         raise ValueError(f"normaliser must be 'step' or 'micro-batch', not {normaliser!r}")
@@ -41,6 +44,8 @@ def write(path, steps=10, rows=64, length=32, micro=2, group=4, log_ratio_sd=0.0
     method = get("dapo")
     settings = dict(SETTINGS, max_completion_length=length,
                     tokens_per_step=tokens_per_step or rows * length, capture_seed=seed)
+    if schema_version >= 2:
+        settings.update(run_id=uuid.uuid4().hex, token_loss_method=method_record(method))
     per_micro = rows // micro
     for step in range(steps):
         lengths = rng.integers(1, length + 1, rows)
@@ -58,6 +63,9 @@ def write(path, steps=10, rows=64, length=32, micro=2, group=4, log_ratio_sd=0.0
         micro_of_row = np.arange(rows) // per_micro
         counts = np.array([mask[micro_of_row == k].sum() for k in range(micro)])
         sums = np.array([-(j * mask)[micro_of_row == k].sum() for k in range(micro)])
+        row_loss, row_size = -(j * mask).sum(1), (np.abs(j) * mask).sum(1)
+        lr = np.where(mask, logp - old, 0.0)
+        k3 = np.exp(lr) - 1 - lr
         losses = sums / (counts if normaliser == "micro-batch" else counts.sum())
         r, p = np.nonzero(mask)
         keep = np.arange(len(r))
@@ -77,13 +85,27 @@ def write(path, steps=10, rows=64, length=32, micro=2, group=4, log_ratio_sd=0.0
             "micro/num_items_in_batch": np.full(micro, float(counts.sum())),
             "sequence/length": lengths, "sequence/advantage": adv, "sequence/prompt": prompt,
             "sequence/micro": micro_of_row, "sequence/row": np.arange(rows) % per_micro}
+        if schema_version >= 2:
+            per = [micro_of_row == k for k in range(micro)]
+            arrays.update({
+                "micro/token_loss_sum": sums,
+                "micro/token_loss_abs_sum": np.array([row_size[m].sum() for m in per]),
+                "micro/approx_kl_sum": np.array([k3[m].sum() for m in per]),
+                "micro/log_ratio_absmax": np.array([np.abs(lr[m]).max() for m in per]),
+                "micro/sampler_tokens": np.zeros(micro, np.int64),
+                "micro/mismatch_kl_sum": np.zeros(micro),
+                "micro/mismatch_absmax": np.full(micro, np.nan),
+                "sequence/token_loss_sum": row_loss, "sequence/token_loss_abs_sum": row_size})
+            assert {f"micro/{k}" for k in MICRO_SUMS} <= set(arrays)
         for k, v in arrays.items():
-            if v.dtype == np.float64:
+            if k.split("/")[1] in _FLOAT64_FIELDS:
+                pass  # the sums stay float64, as a capture writes them
+            elif v.dtype == np.float64:
                 arrays[k] = v.astype(np.float32)
             elif v.dtype != bool:
                 arrays[k] = v.astype(np.int64)
         np.savez_compressed(path / f"step_{step:08d}.rank0.npz", format=np.asarray(FORMAT),
-                            schema_version=np.asarray(SCHEMA_VERSION, dtype=np.int64),
+                            schema_version=np.asarray(schema_version, dtype=np.int64),
                             settings=np.asarray(json.dumps(settings)),
                             step=np.asarray(step, dtype=np.int64),
                             rank=np.asarray(0, dtype=np.int64), **arrays)

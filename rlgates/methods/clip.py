@@ -65,6 +65,11 @@ class PPO(SignClip):
                  "clip_ratio_c": float("inf"), "loss_agg_mode": "token-mean"},
         "trl": {"loss_type": "dapo", "epsilon": "eps", "epsilon_high": "eps",
                 "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        "openrlhf": {"actor.policy_loss_type": "ppo",
+                     "actor.eps_clip_low_high": lambda h: (h["eps"], h["eps"]),
+                     "actor.loss_agg_mode": "token-mean"},
+        "areal": {"actor.eps_clip": "eps", "actor.importance_sampling_level": "token"},
     }
     color = "#1b9e77"
     slider_ranges = {"eps": (0.01, 0.6, 0.01)}
@@ -102,6 +107,12 @@ class GRPO(PPO):
                  "clip_ratio_c": float("inf"), "loss_agg_mode": "seq-mean-token-mean"},
         "trl": {"loss_type": "grpo", "epsilon": "eps", "epsilon_high": "eps",
                 "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        "openrlhf": {"actor.policy_loss_type": "ppo",
+                     "actor.eps_clip_low_high": lambda h: (h["eps"], h["eps"]),
+                     "actor.loss_agg_mode": "seq-mean-token-mean"},
+        # AReaL has only the step's token mean: PPO's settings, not GRPO's aggregation
+        "areal": {"actor.eps_clip": "eps", "actor.importance_sampling_level": "token"},
     }
     color = "#d95f02"
     gate_text = "PPO's"
@@ -124,6 +135,12 @@ class DAPO(SignClip):
                  "loss_agg_mode": "token-mean"},
         "trl": {"loss_type": "dapo", "epsilon": "eps_low", "epsilon_high": "eps_high",
                 "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        "openrlhf": {"actor.policy_loss_type": "ppo",
+                     "actor.eps_clip_low_high": lambda h: (h["eps_low"], h["eps_high"]),
+                     "actor.loss_agg_mode": "token-mean"},
+        "areal": {"actor.eps_clip": "eps_low", "actor.eps_clip_higher": "eps_high",
+                  "actor.importance_sampling_level": "token"},
     }
     color = "#7570b3"
     f_latex = (r"\begin{cases}\min(\rho_t,\,1+\epsilon_h) & A_t>0\\"
@@ -169,6 +186,12 @@ class GSPO(SignClip):
                  "loss_agg_mode": "seq-mean-token-mean"},
         "trl": {"loss_type": "grpo", "epsilon": "eps_low", "epsilon_high": "eps_high",
                 "importance_sampling_level": "sequence"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        # OpenRLHF's gspo forces the per-sample mean; AReaL's sequence level is token-mean
+        "openrlhf": {"actor.policy_loss_type": "gspo",
+                     "actor.eps_clip_low_high": lambda h: (h["eps_low"], h["eps_high"])},
+        "areal": {"actor.eps_clip": "eps_low", "actor.eps_clip_higher": "eps_high",
+                  "actor.importance_sampling_level": "sequence"},
     }
     color = "#a6761d"
     log_ratio_lim = 1.5e-3
@@ -209,8 +232,19 @@ class DualClip(PPO):
     trainer_flags = {
         "verl": {"loss_mode": "vanilla", "clip_ratio_low": "eps", "clip_ratio_high": "eps",
                  "clip_ratio_c": "c", "loss_agg_mode": "token-mean"},
-        "trl": {"loss_type": "dapo", "epsilon": "eps", "epsilon_high": "eps", "delta": "c",
-                "importance_sampling_level": "token"},
+        # TRL's delta caps ρ for both signs of A: dual-clip only while c > 1 + ε (at c ≤ 1 + ε it
+        # would also cap the A > 0 tokens, which dual-clip leaves to PPO's clip)
+        "trl": lambda h: None if h["c"] <= 1 + h["eps"] else {
+            "loss_type": "dapo", "epsilon": h["eps"], "epsilon_high": h["eps"], "delta": h["c"],
+            "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        # both assert c > 1 (PolicyLoss.__init__, ppo_actor_loss_fn)
+        "openrlhf": lambda h: None if h["c"] <= 1 else {
+            "actor.policy_loss_type": "ppo", "actor.eps_clip_low_high": (h["eps"], h["eps"]),
+            "actor.dual_clip": h["c"], "actor.loss_agg_mode": "token-mean"},
+        "areal": lambda h: None if h["c"] <= 1 else {
+            "actor.eps_clip": h["eps"], "actor.c_clip": h["c"],
+            "actor.importance_sampling_level": "token"},
     }
     color = "#666666"
     log_ratio_lim = 1.5

@@ -14,11 +14,18 @@ CLIP_COV_DRAW = (
     "selection rule apart from the draw with cov_ratio = 1 (every candidate dropped). verl's "
     "means add 1e-8 to the token count: a token within ~1e-8 of the band's edges could differ.")
 
+NO_CLAMP = (
+    "Equal for |log ρ| ≤ 20: verl does not clamp this loss's log-ratio (ratio = "
+    "torch.exp(log_prob − old_log_prob)), where rlgates clamps it at ±20 as verl's vanilla, "
+    "dppo, sapo and cispo do; past the clamp verl's gradient grows as ρ and rlgates' is 0 "
+    "(tested at log ρ = 22).")
+
 SIDE_ROWS = [
     method_row("dppo_tv", side=("probs_old",)),
     method_row("dppo_kl", side=("probs_old",)),
-    method_row("clip_cov", side=("cov", "draw"), note=CLIP_COV_DRAW),
-    method_row("kl_cov", side=("cov",)),
+    method_row("clip_cov", side=("cov", "draw"), status="partial",
+               note=NO_CLAMP + " " + CLIP_COV_DRAW),
+    method_row("kl_cov", side=("cov",), status="partial", note=NO_CLAMP),
 ]
 
-__all__ = ["CLIP_COV_DRAW", "SIDE_ROWS"]
+__all__ = ["CLIP_COV_DRAW", "NO_CLAMP", "SIDE_ROWS"]
