@@ -98,18 +98,24 @@ class Background:
 
 
 def setup() -> None:
-    """Create .venv if needed and install requirements.txt when it changed."""
+    """Create .venv if needed and install requirements.txt when it changed, then the optional
+    trainers of the conformance matrix (requirements-trainers-extra.txt) without their
+    dependencies: their tests load only their loss modules (their dependencies would replace
+    torch with a CUDA build)."""
     if not PY.exists():
         print(f"creating virtual environment {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     digest = hashlib.sha256(
         (ROOT / "requirements.txt").read_bytes() + (ROOT / "pyproject.toml").read_bytes()
+        + (ROOT / "requirements-trainers-extra.txt").read_bytes()
     ).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         print("requirements already installed in .venv", flush=True)
         return
     sh("install", PY, "-m", "pip", "install", "--disable-pip-version-check", "-q",
        "-r", "requirements.txt")
+    sh("install the optional trainers (--no-deps)", PY, "-m", "pip", "install",
+       "--disable-pip-version-check", "-q", "--no-deps", "-r", "requirements-trainers-extra.txt")
     STAMP.write_text(digest)
 
 
@@ -284,12 +290,36 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _cells_digest(path: Path) -> str:
+    """What a reader can change in a notebook: its cells' types and sources, hashed. Metadata,
+    outputs and execution counts are left out: JupyterLab rewrites the metadata when it opens a
+    notebook (kernelspec, language_info, "collapsed") and autosaves it, and running a cell only
+    adds outputs, so neither makes the notebook the reader's. A file that is not a notebook is
+    hashed whole."""
+    import json
+
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        text = json.dumps([[c.get("cell_type"), "".join(c.get("source") or "")] for c in cells])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _sha256(path)
+    return "cells:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _recorded(digest: str | None, path: Path) -> bool:
+    """`path` still holds what the manifest recorded for it (a record from before cell digests,
+    a whole-file SHA-256, counts too)."""
+    return digest is not None and digest in (_cells_digest(path), _sha256(path))
+
+
 def sync_working_copy(source: Path, target: Path) -> list[str]:
     """Copy the reader notebooks (source/*.ipynb) into the reader's working copy (target), which
     no build deletes. A file the reader has not changed since it was copied is replaced by the
     build's newer version; a changed one is kept, and the new version is written beside it as
-    NAME.new-build.ipynb (itself replaced later only while unchanged). Returns one line per
-    notebook the reader changed and a build changed too."""
+    NAME.new-build.ipynb (itself replaced later only while unchanged). "Changed" means its cells
+    changed (_cells_digest): a notebook JupyterLab only opened and autosaved, or that the reader
+    only ran, still follows the build. Returns one line per notebook the reader changed and a
+    build changed too."""
     import json
 
     target.mkdir(parents=True, exist_ok=True)
@@ -299,13 +329,12 @@ def sync_working_copy(source: Path, target: Path) -> list[str]:
 
     def place(src: Path, dest: Path) -> bool:
         """Write src to dest unless the reader changed dest; True when dest holds src now."""
-        new = _sha256(src)
+        new = _cells_digest(src)
         if dest.exists():
-            current = _sha256(dest)
-            if current == new:
+            if _cells_digest(dest) == new:  # the same cells (the reader's outputs kept)
                 copied[dest.name] = new
                 return True
-            if copied.get(dest.name) != current:  # the reader's file: never overwritten
+            if not _recorded(copied.get(dest.name), dest):  # the reader's: never overwritten
                 return False
         shutil.copyfile(src, dest)
         copied[dest.name] = new
@@ -313,7 +342,7 @@ def sync_working_copy(source: Path, target: Path) -> list[str]:
 
     for src in sorted(source.glob("*.ipynb")):
         dest = target / src.name
-        if dest.exists() and copied.get(dest.name) == _sha256(src):
+        if dest.exists() and _recorded(copied.get(dest.name), src):
             continue  # the reader has this build's version, changed or not
         if place(src, dest):
             continue

@@ -37,6 +37,15 @@ class DecoupledDualClip(DualClip):
         "trl": lambda h: None if h["c"] <= 1 + h["eps_high"] else {
             "loss_type": "dapo", "epsilon": h["eps_low"], "epsilon_high": h["eps_high"],
             "delta": h["c"], "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        # both assert c > 1 (PolicyLoss.__init__, ppo_actor_loss_fn)
+        "openrlhf": lambda h: None if h["c"] <= 1 else {
+            "actor.policy_loss_type": "ppo",
+            "actor.eps_clip_low_high": (h["eps_low"], h["eps_high"]),
+            "actor.dual_clip": h["c"], "actor.loss_agg_mode": "token-mean"},
+        "areal": lambda h: None if h["c"] <= 1 else {
+            "actor.eps_clip": h["eps_low"], "actor.eps_clip_higher": h["eps_high"],
+            "actor.c_clip": h["c"], "actor.importance_sampling_level": "token"},
     }
     color = "#7f7f7f"
     slider_ranges = {"eps_low": (0.0, 0.95, 0.005), "eps_high": (0.0, 1.0, 0.005),

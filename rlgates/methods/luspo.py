@@ -47,6 +47,12 @@ class LUSPO(GSPO):
                  "loss_agg_mode": "seq-mean-token-sum"},
         "trl": {"loss_type": "luspo", "epsilon": "eps_low", "epsilon_high": "eps_high",
                 "importance_sampling_level": "sequence"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        # GSPO's settings: neither trainer sums a response's tokens (flags gives None)
+        "openrlhf": {"actor.policy_loss_type": "gspo",
+                     "actor.eps_clip_low_high": lambda h: (h["eps_low"], h["eps_high"])},
+        "areal": {"actor.eps_clip": "eps_low", "actor.eps_clip_higher": "eps_high",
+                  "actor.importance_sampling_level": "sequence"},
     }
     color = "#7570b3"
     gate_text = "GSPO's, at ρ_s; each response's loss × its length"

@@ -64,6 +64,10 @@ class SAPO(Method):
                  "loss_agg_mode": "seq-mean-token-mean"},
         "trl": {"loss_type": "sapo", "sapo_temperature_pos": "tau_pos",
                 "sapo_temperature_neg": "tau_neg", "importance_sampling_level": "token"},
+        # OpenRLHF 0.11.2 (train_ppo_ray.py options), AReaL 1.0.4 (PPOActorConfig fields)
+        # AReaL's sapo_loss_fn is a token mean (flags gives it at agg="token-mean" only)
+        "areal": {"actor.use_sapo_loss": True, "actor.sapo_tau_pos": "tau_pos",
+                  "actor.sapo_tau_neg": "tau_neg", "actor.importance_sampling_level": "token"},
     }
     color = "#66a61e"
     log_ratio_lim = 3.0

@@ -36,6 +36,14 @@ from .. import diagnostics
 
 #: The trainer versions the adapters and the flag table were tested with (tests/test_trainers.py).
 TESTED_VERSIONS = {"trl": "1.16.0", "verl": "0.9.1"}
+#: The optional trainers of the conformance matrix (the `trainers-extra` install: pip install
+#: --no-deps; their loss modules only, tests/test_conformance_openrlhf.py and _areal.py), and the
+#: versions their flags were read from.
+EXTRA_VERSIONS = {"openrlhf": "0.11.2", "areal": "1.0.4"}
+#: Every trainer `flags` answers for, in the order of the tables.
+TRAINERS = ("verl", "trl", "openrlhf", "areal")
+#: The trainers' names as the tables write them.
+TRAINER_TITLES = {"verl": "verl", "trl": "TRL", "openrlhf": "OpenRLHF", "areal": "AReaL"}
 
 _INF = math.inf
 
@@ -107,12 +115,25 @@ TRL_FIXED_AGG = {"sapo": ("seq-mean-token-mean", "step"), "cispo": ("token-mean"
 #: verl losses that do not read loss_agg_mode: sapo forces seq-mean-token-mean; geo_mean takes a
 #: plain mean over the rows. verl's other losses follow it, over the whole step.
 VERL_FIXED_AGG = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
+#: OpenRLHF 0.11.2's `--actor.loss_agg_mode` choices (openrlhf/cli/train_ppo_ray.py), both over
+#: the optimiser step (`iter_grad_accum_global_norm`, openrlhf/utils/loss_utils.py); its
+#: `--actor.policy_loss_type gspo` forces the per-sample mean (PolicyLoss.__init__).
+OPENRLHF_AGGS = ("token-mean", "seq-mean-token-mean")
+OPENRLHF_FIXED_AGG = {"gspo": "seq-mean-token-mean"}
+#: AReaL 1.0.4 has one aggregation: ppo_actor_loss_fn and sapo_loss_fn divide each micro-batch's
+#: sum by its token count, and the engine weighs micro-batches by their token counts
+#: (areal/trainer/ppo/actor.py: loss_weight_fn=lambda x: x["loss_mask"].count_nonzero()): the
+#: step's token mean.
+AREAL_AGG = "token-mean"
 
 
 def flags(method, agg=None, *, normaliser="step") -> dict:
-    """{"verl": settings or None, "trl": settings or None}: the settings that make each trainer's
-    built-in loss compute `method` with its current hyperparameters, read from the method
-    class's `trainer_flags`. None: no built-in equivalent (the adapters still run the method).
+    """{"verl": settings or None, "trl": ..., "openrlhf": ..., "areal": ...}: the settings that
+    make each trainer's built-in loss compute `method` with its current hyperparameters, read
+    from the method class's `trainer_flags`. None: no built-in equivalent (the adapters still
+    run the method; verl and TRL only). OpenRLHF's settings are its `train_ppo_ray` options
+    (`--actor.…`, `--algo.…`), AReaL's its PPOActorConfig fields (`actor.…`): each only where
+    the trainer's aggregation is the method's (`OPENRLHF_AGGS`, `AREAL_AGG`).
 
     agg: one of rlgates.AGG_MODES, to run the method under another aggregation than its own
     (`method.agg`); normaliser: "step" or "micro-batch" (`NORMALISERS`), what a token mean
@@ -125,9 +146,10 @@ def flags(method, agg=None, *, normaliser="step") -> dict:
         flags(rlgates.get("grpo"), agg="seq-mean-token-sum-norm")               # TRL's dr_grpo
     """
     spec = getattr(type(method), "trainer_flags", None) or {}
-    out = {k: _resolve(spec.get(k), method.hparams) for k in ("verl", "trl")}
+    out = {k: _resolve(spec.get(k), method.hparams) for k in TRAINERS}
     if agg is None and normaliser == "step":
-        return out
+        return {**out, "openrlhf": _openrlhf_at(out["openrlhf"], method.agg, normaliser),
+                "areal": _areal_at(out["areal"], method.agg, normaliser)}
     agg = method.agg if agg is None else agg
     if agg not in nx.AGG_MODES:
         raise ValueError(f"agg must be one of {nx.AGG_MODES}, got {agg!r}")
@@ -136,7 +158,9 @@ def flags(method, agg=None, *, normaliser="step") -> dict:
     if agg != "token-mean":
         normaliser = "step"  # a sequence mean divides by responses either way
     return {"verl": _verl_at(out["verl"], agg, normaliser),
-            "trl": _trl_at(out["trl"], agg, normaliser)}
+            "trl": _trl_at(out["trl"], agg, normaliser),
+            "openrlhf": _openrlhf_at(out["openrlhf"], agg, normaliser),
+            "areal": _areal_at(out["areal"], agg, normaliser)}
 
 
 def _verl_at(f, agg, normaliser):
@@ -157,35 +181,237 @@ def _trl_at(f, agg, normaliser):
     return {**f, "loss_type": TRL_LOSS_TYPE_FOR_AGG[agg, normaliser]}
 
 
+def _openrlhf_at(f, agg, normaliser):
+    if f is None or normaliser == "micro-batch":
+        return None  # OpenRLHF divides by the optimiser step's counts
+    fixed = OPENRLHF_FIXED_AGG.get(f.get("actor.policy_loss_type"))
+    if fixed is not None:
+        return f if agg == fixed else None
+    return {**f, "actor.loss_agg_mode": agg} if agg in OPENRLHF_AGGS else None
+
+
+def _areal_at(f, agg, normaliser):
+    return f if f is not None and agg == AREAL_AGG and normaliser == "step" else None
+
+
 def _fmt(v):
     if v is None:
         return "—"
     if isinstance(v, float):
         return "inf (off)" if v == _INF else f"{v:g}"
+    if isinstance(v, (tuple, list)):
+        return " ".join(_fmt(x) for x in v)
     return str(v)
 
 
-def flag_rows(names=None):
-    """One row per method (at its defaults): [name, verl settings, TRL settings] as strings."""
+def _why_not(method, trainer) -> str:
+    """The flag table's cell where `trainer` has no built-in for `method`: under which other
+    aggregation it has one (its settings then), or that it has none."""
+    import rlgates
+
+    for agg in rlgates.AGG_MODES:
+        f = flags(method, agg=agg)[trainer]
+        if f is not None and agg != method.agg:
+            return (f"— (only as `{agg}`: "
+                    + ", ".join(f"{k}={_fmt(v)}" for k, v in f.items() if v is not None) + ")")
+    return "— (adapter only)" if trainer in ("verl", "trl") else "— (no built-in)"
+
+
+def flag_rows(names=None, trainers=("verl", "trl")):
+    """One row per method (at its defaults): [name, settings of each of `trainers`] as strings;
+    where a trainer has no built-in, under which other aggregation it has one, or that it has
+    none."""
     import rlgates
 
     rows = []
     for name in names or rlgates.names():
-        f = flags(rlgates.get(name))
-        cells = [", ".join(f"{k}={_fmt(v)}" for k, v in s.items() if v is not None)
-                 if s else "— (adapter only)" for s in (f["verl"], f["trl"])]
+        m = rlgates.get(name)
+        f = flags(m)
+        cells = [", ".join(f"{k}={_fmt(v)}" for k, v in f[t].items() if v is not None)
+                 if f[t] else _why_not(m, t) for t in trainers]
         rows.append([name, *cells])
     return rows
 
 
-def flag_table(names=None) -> str:
-    """The flag table as Markdown: per method (at its defaults), the verl and TRL settings that
-    make each trainer's built-in loss compute it, and the versions they were tested with."""
+def flag_table(names=None, trainers=("verl", "trl")) -> str:
+    """The flag table as Markdown: per method (at its defaults), the settings of each of
+    `trainers` (verl and TRL unless named; `TRAINERS` for all four) that make that trainer's
+    built-in loss compute it, and the versions they were tested with."""
     from ..tables import markdown
 
-    head = ("method", f"verl {TESTED_VERSIONS['verl']}", f"TRL {TESTED_VERSIONS['trl']}")
-    return markdown(((f"`{n}`", v.replace(", ", "; "), t.replace(", ", "; "))
-                     for n, v, t in flag_rows(names)), head)
+    versions = {**TESTED_VERSIONS, **EXTRA_VERSIONS}
+    head = ("method", *(f"{TRAINER_TITLES[t]} {versions[t]}" for t in trainers))
+    return markdown(((f"`{n}`", *(c.replace(", ", "; ") for c in cells))
+                     for n, *cells in flag_rows(names, trainers)), head)
+
+
+# --- the settings that differ across trainers (the book's "Which gate when") -------------------
+#: The columns of `defaults_across_trainers`: CISPO's window on ρ at the trainer's defaults,
+#: dual-clip's c, KL-Cov's fraction of tokens (and its coefficient), OPSM's δ, the default
+#: aggregation of the policy loss.
+DEFAULT_COLUMNS = ("cispo", "dual_clip_c", "kl_cov", "opsm_delta", "agg")
+_NONE = "no such loss"
+#: Trainers not installed here: values from the project's field notes (shared/reviews/
+#: field-notes.md, sections 2 and 2.9), read there from the file and release named in `source`.
+#: "not stated": the notes do not give it.
+_NOTED = (
+    {"trainer": "SkyRL", "release": "skyrl 0.4.0",
+     "source": "skyrl/train/config/config.py, skyrl/backends/skyrl_train/utils/ppo_utils.py",
+     "cispo": "[0, 5] (cispo_eps_clip_low 1.0, cispo_eps_clip_high 4.0)",
+     "dual_clip_c": "3.0", "kl_cov": "kl_cov_frac 0.2, ppo_kl_coef 1.0", "opsm_delta": _NONE,
+     "agg": "token_mean (loss_reduction)"},
+    {"trainer": "ROLL", "release": "alibaba/ROLL v0.3.0",
+     "source": "roll/configs/base_config.py, roll/pipeline/rlvr/actor_pg_worker.py",
+     "cispo": "[0.9, 1.1] (ε 0.1 / 0.1)", "dual_clip_c": "1 + 2·pg_clip = 1.4",
+     "kl_cov": "not stated", "opsm_delta": "not stated", "agg": "seq-mean-token-mean"},
+    {"trainer": "slime", "release": "THUDM/slime v0.3.1",
+     "source": "slime/utils/arguments.py, slime/utils/ppo_utils.py",
+     "cispo": "[1 − ε, 1 + ε_h] (--eps-clip 0.2: [0.8, 1.2])", "dual_clip_c": "off (--eps-clip-c)",
+     "kl_cov": "not stated", "opsm_delta": "1e-4 (--opsm-delta)", "agg": "sum_of_sample_mean"},
+    {"trainer": "NeMo-RL", "release": "NVIDIA-NeMo/RL @ 7ea279a (2026-08-22)",
+     "source": "nemo_rl/algorithms/loss/loss_functions.py (ClippedPGLossConfig)",
+     "cispo": "use_cispo; ratio_clip_min/max 0.2 / 0.2",
+     "dual_clip_c": "ratio_clip_c (\"usually 3\")",
+     "kl_cov": "not stated", "opsm_delta": "not stated",
+     "agg": "token-mean (token_level_loss=true)"},
+    {"trainer": "prime-rl", "release": "PrimeIntellect-ai/prime-rl @ 559b447 (2026-08-21)",
+     "source": "src/prime_rl/trainer/rl/loss.py",
+     "cispo": _NONE, "dual_clip_c": _NONE, "kl_cov": _NONE, "opsm_delta": _NONE,
+     "agg": "Σ / global token count, per loss component"},
+)
+#: The four installed trainers' values (each asserted against the installed package by
+#: `installed_defaults`, tests/test_conformance_openrlhf.py and test_conformance_areal.py).
+_INSTALLED = (
+    {"trainer": "verl", "release": "verl 0.9.1",
+     "source": "verl/trainer/config/_generated_ppo_trainer.yaml (actor_rollout_ref.actor)",
+     "cispo": "[0.8, 1.2] (1 − clip_ratio_low, 1 + clip_ratio_high)",
+     "dual_clip_c": "3.0 (clip_ratio_c; on in vanilla)",
+     "kl_cov": "kl_cov_ratio 0.0002, ppo_kl_coef 0.1", "opsm_delta": _NONE, "agg": "token-mean"},
+    {"trainer": "TRL", "release": "trl 1.16.0", "source": "trl/trainer/grpo_config.py",
+     "cispo": "min(ρ, 0.2): epsilon_high unset is epsilon, an absolute cap",
+     "dual_clip_c": "off (delta None)", "kl_cov": _NONE,
+     "opsm_delta": "off (off_policy_mask_threshold None)", "agg": "dapo: Σ / global token count"},
+    {"trainer": "OpenRLHF", "release": "openrlhf 0.11.2", "source": "openrlhf/cli/train_ppo_ray.py",
+     "cispo": _NONE, "dual_clip_c": "off (--actor.dual_clip None)", "kl_cov": _NONE,
+     "opsm_delta": _NONE, "agg": "token-mean (--actor.loss_agg_mode)"},
+    {"trainer": "AReaL", "release": "areal 1.0.4",
+     "source": "areal/api/cli_args.py (PPOActorConfig), areal/trainer/ppo/actor.py",
+     "cispo": _NONE, "dual_clip_c": "off (c_clip None)", "kl_cov": _NONE, "opsm_delta": _NONE,
+     "agg": "token-mean (the only one)"},
+)
+
+
+def defaults_across_trainers() -> list[dict]:
+    """The settings that differ across trainers, one dict per trainer: `DEFAULT_COLUMNS`, the
+    trainer's release and the file the values are read from, and `installed`: True for verl,
+    TRL, OpenRLHF and AReaL (each value asserted against the installed package:
+    `installed_defaults`), False for SkyRL, ROLL, slime, NeMo-RL and prime-rl (values from the
+    project's field notes, shared/reviews/field-notes.md, which cite the file and release;
+    not read from an installed package here)."""
+    return ([{**r, "installed": True} for r in _INSTALLED]
+            + [{**r, "installed": False} for r in _NOTED])
+
+
+def installed_defaults(trainer: str) -> dict:
+    """The numbers behind a row of `defaults_across_trainers`, read from the installed trainer
+    (its config file or source, without importing it): for verl, TRL, OpenRLHF or AReaL."""
+    if trainer == "verl":
+        from .._book import facts
+
+        a = "actor_rollout_ref.actor."
+        return {"cispo": (1 - facts.verl(a + "clip_ratio_low"),
+                          1 + facts.verl(a + "clip_ratio_high")),
+                "dual_clip_c": facts.verl(a + "clip_ratio_c"),
+                "kl_cov": (facts.verl(a + "policy_loss.kl_cov_ratio"),
+                           facts.verl(a + "policy_loss.ppo_kl_coef")),
+                "loss_modes": facts.registered("verl/trainer/ppo/core_algos.py",
+                                               "register_policy_loss"),
+                "agg": facts.verl(a + "loss_agg_mode")}
+    if trainer == "TRL":
+        from .._book import facts
+
+        eps_high = facts.trl("epsilon_high")
+        return {"cispo": eps_high if eps_high is not None else facts.trl("epsilon"),
+                "dual_clip_c": facts.trl("delta"),
+                "opsm_delta": facts.trl("off_policy_mask_threshold"),
+                "agg": facts.trl("loss_type")}
+    if trainer == "OpenRLHF":
+        from .conformance_openrlhf import cli_defaults
+
+        d = cli_defaults()
+        return {"dual_clip_c": d["actor.dual_clip"], "agg": d["actor.loss_agg_mode"],
+                "policy_loss_type": d["actor.policy_loss_type"]}
+    if trainer == "AReaL":
+        from .conformance_areal import config_defaults
+
+        d = config_defaults()
+        return {"dual_clip_c": d["c_clip"], "agg": AREAL_AGG}
+    raise ValueError(f"{trainer!r} is not installed here: its row comes from the field notes")
+
+
+def check_installed_defaults() -> list[str]:
+    """Assert each installed row of `defaults_across_trainers` against its installed trainer
+    (`installed_defaults`); returns the trainers checked (verl and TRL need requirements.txt,
+    OpenRLHF and AReaL the optional install; one that is missing is left out)."""
+    import importlib.util
+
+    rows = {r["trainer"]: r for r in defaults_across_trainers() if r["installed"]}
+    checked = []
+
+    def has(package):
+        return importlib.util.find_spec(package) is not None
+
+    if has("verl"):
+        d, r = installed_defaults("verl"), rows["verl"]
+        assert f"[{d['cispo'][0]:g}, {d['cispo'][1]:g}]" in r["cispo"], r["cispo"]
+        assert r["dual_clip_c"].startswith(f"{d['dual_clip_c']:.1f}")
+        assert r["kl_cov"] == f"kl_cov_ratio {d['kl_cov'][0]}, ppo_kl_coef {d['kl_cov'][1]}"
+        assert "opsm" not in d["loss_modes"] and r["opsm_delta"] == _NONE
+        assert r["agg"] == d["agg"]
+        checked.append("verl")
+    if has("trl"):
+        from .conformance_trl import TRL_AGG
+
+        d, r = installed_defaults("TRL"), rows["TRL"]
+        assert r["cispo"].startswith(f"min(ρ, {d['cispo']:g})")
+        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
+        assert d["opsm_delta"] is None and r["opsm_delta"].startswith("off")
+        assert "kl_cov" not in TRL_AGG and r["kl_cov"] == _NONE
+        assert r["agg"].startswith(d["agg"] + ":")
+        checked.append("TRL")
+    if has("openrlhf"):
+        from . import conformance_openrlhf as orl
+
+        d, r = installed_defaults("OpenRLHF"), rows["OpenRLHF"]
+        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
+        assert r["agg"].startswith(d["agg"] + " ")
+        text = orl.path(orl.LOSS_FILE).read_text().lower()
+        for word, col in (("cispo", "cispo"), ("kl_cov", "kl_cov"), ("opsm", "opsm_delta")):
+            assert word not in text and r[col] == _NONE, word  # no such loss in its loss file
+        checked.append("OpenRLHF")
+    if has("areal"):
+        from .conformance_areal import FUNCTIONAL_FILE, path
+
+        d, r = installed_defaults("AReaL"), rows["AReaL"]
+        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
+        assert r["agg"].startswith(d["agg"] + " ")
+        text = path(FUNCTIONAL_FILE).read_text().lower()
+        for word, col in (("cispo", "cispo"), ("kl_cov", "kl_cov"), ("opsm", "opsm_delta")):
+            assert word not in text and r[col] == _NONE, word
+        checked.append("AReaL")
+    return checked
+
+
+def defaults_table() -> str:
+    """`defaults_across_trainers` as Markdown."""
+    from ..tables import markdown
+
+    head = ("trainer (release)", "CISPO's window", "dual-clip c", "KL-Cov fraction",
+            "OPSM δ", "default aggregation", "read from")
+    return markdown(((f"{r['trainer']} ({r['release']})", *(r[c] for c in DEFAULT_COLUMNS),
+                      f"`{r['source']}`" + ("" if r["installed"]
+                                            else " (field notes; not installed here)"))
+                     for r in defaults_across_trainers()), head)
 
 
 def _local_count(mask, agg):
@@ -249,6 +475,9 @@ def gate_stats(method, logp, logp_old, adv, mask, side=None):
     return diagnostics.as_floats(stats)
 
 
-__all__ = ["NORMALISERS", "TESTED_VERSIONS", "TRL_CLIP_LOSS_TYPES", "TRL_FIXED_AGG",
-           "TRL_LOSS_TYPE_FOR_AGG", "VERL_FIXED_AGG", "VERL_PREFIX", "engine_runs", "flag_rows",
-           "flag_table", "flags", "gate_stats", "loss"]
+__all__ = ["AREAL_AGG", "DEFAULT_COLUMNS", "EXTRA_VERSIONS", "NORMALISERS", "OPENRLHF_AGGS",
+           "OPENRLHF_FIXED_AGG", "TRAINERS", "TRAINER_TITLES", "TESTED_VERSIONS",
+           "TRL_CLIP_LOSS_TYPES", "TRL_FIXED_AGG", "check_installed_defaults",
+           "TRL_LOSS_TYPE_FOR_AGG", "VERL_FIXED_AGG", "VERL_PREFIX", "defaults_across_trainers",
+           "defaults_table", "engine_runs", "flag_rows", "flag_table", "flags", "gate_stats",
+           "installed_defaults", "loss"]

@@ -37,9 +37,12 @@ def _rows(module: str, attr: str) -> list[Row]:
 
 
 def matrix() -> list[Row]:
-    """Every row: verl's, then TRL's, then those of losses that read side information."""
+    """Every row: verl's, then TRL's, then those of losses that read side information, then
+    OpenRLHF's and AReaL's (rows are data: neither needs its trainer installed)."""
     return (_rows("conformance_verl", "verl_rows") + _rows("conformance_trl", "trl_rows")
-            + _rows("conformance_side", "SIDE_ROWS"))
+            + _rows("conformance_side", "SIDE_ROWS")
+            + _rows("conformance_openrlhf", "openrlhf_rows")
+            + _rows("conformance_areal", "areal_rows"))
 
 
 # --- settings -> row: the matrix read backwards (rlgates.inspect's method_for) --------------------
@@ -54,8 +57,12 @@ def method_settings(method, trainer) -> dict | None:
     (verl's policy-loss fields under "policy_loss."); None: no built-in."""
     from . import flags
 
+    if trainer == "areal":  # AReaL has one aggregation: its settings compute the gate there
+        from . import AREAL_AGG
+
+        return flags(method, agg=AREAL_AGG)["areal"]
     f = flags(method)[trainer]
-    if f is None or trainer == "trl":
+    if f is None or trainer != "verl":  # the others' flags are written as rows write them
         return f
     from .conformance_verl import verl_settings
 
