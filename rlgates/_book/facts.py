@@ -70,7 +70,7 @@ def path(relative: str) -> Path:
     package, _, rest = relative.partition("/")
     root = _package_dir(package)
     if root is None:
-        raise ModuleNotFoundError(f"{package} is not installed")
+        raise ModuleNotFoundError(f"{package} is not installed", name=package)
     return root / rest
 
 
