@@ -539,3 +539,64 @@ def test_the_labs_adam_is_torch_fused_adam_bit_for_bit():
             assert torch.equal(a, b)
     # not vacuous: every parameter moved, the late one by its own (lazily started) step count
     assert all(not torch.equal(a, b) for a, b in zip(ours, start, strict=True))
+
+
+def test_t_quantile_inverts_t_pvalue():
+    tq = lab.report.t_quantile
+    for df in range(1, 31):  # the 95 % table, to its three decimals
+        assert tq(0.05, df) == pytest.approx(lab.report.t975(df), abs=6e-4)
+    for p in (0.5, 0.05, 0.0125, 1e-4):  # df = 1 is Cauchy: tan(π/2 (1 − p))
+        assert tq(p, 1) == pytest.approx(math.tan(math.pi / 2 * (1 - p)), rel=1e-8)
+        assert lab.report.t_pvalue(tq(p, 7), 7) == pytest.approx(p, rel=1e-7)
+    with pytest.raises(ValueError):
+        tq(0.0, 5)
+
+
+def test_effects_holm_intervals_have_known_widths_and_agree_with_holm():
+    # the four p-values of test_family_verdicts_holm_and_marginal (df = 1, se = 1/√2): Holm
+    # keeps d (at α/4) and a (at α/3), then fails at c (α/2) and stops, so c and b both get
+    # the interval of level 1 − α/2, though b's own p (0.04) is below α
+    raw = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}
+    diffs = {k: _diff_with_p(p, sign=-1.0 if k == "d" else 1.0) for k, p in raw.items()}
+    eff = lab.effects(diffs)
+    se = 1 / math.sqrt(2)
+    level = {"d": 0.05 / 4, "a": 0.05 / 3, "c": 0.05 / 2, "b": 0.05 / 2}
+    for k, e in eff.items():
+        half = math.tan(math.pi / 2 * (1 - level[k])) * se
+        assert e["lo_adj"] == pytest.approx(diffs[k]["mean"] - half, rel=1e-7)
+        assert e["hi_adj"] == pytest.approx(diffs[k]["mean"] + half, rel=1e-7)
+        assert e["level"] == pytest.approx(1 - level[k]) and e["m"] == 4
+    holm = lab.family_verdicts(diffs)
+    assert {k: e["word"] for k, e in eff.items()} == {k: v["holm"] for k, v in holm.items()}
+    assert eff["b"]["lo_adj"] < 0 < diffs["b"]["lo"]  # widened past 0: withdrawn
+    # Bonferroni: every interval at 1 − α/m; no correction: the 95 % interval itself
+    bonf = lab.effects(diffs, correction="bonferroni")
+    half = math.tan(math.pi / 2 * (1 - 0.05 / 4)) * se
+    assert all(e["hi_adj"] - e["mean"] == pytest.approx(half) for e in bonf.values())
+    plain = lab.effects(diffs, correction=None)
+    assert all(e["lo_adj"] == pytest.approx(diffs[k]["lo"], abs=1e-3) for k, e in plain.items())
+    with pytest.raises(ValueError):
+        lab.effects(diffs, correction="sidak")
+    # negative controls: a null family reads no difference; a family of one is uncorrected
+    null = lab.effects({k: _diff_with_p(0.5) for k in "xyz"})
+    assert all(e["word"] == "no difference detected" and e["lo_adj"] < 0 < e["hi_adj"]
+               for e in null.values())
+    one = lab.effects({"b": diffs["b"]})["b"]
+    assert one["lo_adj"] == pytest.approx(diffs["b"]["lo"], abs=1e-3) and one["word"] == "higher"
+    assert lab.effect_words(eff["a"]).endswith("after Holm's correction over 4 comparisons)")
+
+
+def test_effect_table_from_runs_and_from_differences():
+    g = torch.Generator().manual_seed(1)
+    base = 0.5 + 0.01 * torch.randn(10, 20, generator=g, dtype=torch.float64)
+    runs = _fake({"base": base, "up": base + 0.1,  # +0.1 on every seed: a known answer
+                  "noise": base + 0.01 * torch.randn(10, 20, generator=g, dtype=torch.float64)})
+    eff = lab.effects({f"{m} − base": lab.paired_difference(runs, m, "base")
+                       for m in ("up", "noise")})
+    assert eff["up − base"]["mean"] == pytest.approx(0.1)
+    assert eff["up − base"]["word"] == "higher"
+    assert eff["noise − base"]["word"] == "no difference detected"  # the negative control
+    table = lab.effect_table(runs, baseline="base", measures={"up − base": "a shift of 0.1"})
+    assert "| up − base | a shift of 0.1 | +0.100 |" in table
+    assert "Holm's correction over these 2 comparisons" in table
+    assert lab.effect_table(dict(eff)).count("\n|") == 3

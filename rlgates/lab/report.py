@@ -2,8 +2,10 @@
 
 All intervals are Student-t intervals over seeds (runs are independent; the seeds are common to
 every method, so a difference between two methods is taken seed by seed: a paired difference).
-A chapter that makes several comparisons reads them as one family (`family_verdicts`): each
-verdict beside its Holm-adjusted one, and a flag on intervals that end close to zero.
+A chapter that makes several comparisons reads them as one family: `effects` gives each
+difference its interval after Holm's correction, and `effect_table` renders them as a table of
+effect sizes (`effect_words` writes one of them for prose); `family_verdicts` gives the verdict
+words beside their Holm-adjusted ones, and a flag on intervals that end close to zero.
 
 A run's last-5 mean, read after a fixed number of steps on a curve that still rises, measures
 learning speed at that budget. `area` (the mean over all steps) measures speed directly; `slope`
@@ -167,6 +169,130 @@ def family_table(diffs: dict, fmt="+.3f", margin=0.005) -> str:
             f"of the interval within {margin:g} of zero.")
 
 
+def t_quantile(p: float, df: int) -> float:
+    """The t ≥ 0 with two-sided P(|T| ≥ t) = p for Student's t with df degrees of freedom:
+    `t_pvalue` inverted by bisection (to 1e-10). t_quantile(0.05, df) = t975(df)."""
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p!r}")
+    if df < 1:
+        return math.nan
+    lo, hi = 0.0, 1.0
+    while t_pvalue(hi, df) > p:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-10 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_pvalue(mid, df) > p else (lo, mid)
+    return (lo + hi) / 2
+
+
+CORRECTIONS = ("holm", "bonferroni", None)
+
+
+def effects(diffs: dict, correction="holm", alpha=0.05, null=0.0) -> dict:
+    """Several paired differences read as one family, each with an interval after the
+    correction: {label: {**diff, "p", "p_adj", "lo_adj", "hi_adj", "level", "word", "m",
+    "correction"}}.
+
+    diffs: {label: interval(...)}, each a paired difference (mean, std and n over seeds).
+
+    Holm's correction (Holm 1979) keeps the chance that *any* of the m comparisons reads
+    "higher" or "lower" by luck at `alpha`, while ten comparisons read at 95 % each would do so
+    up to 10 times in 20: sort the p-values, test the smallest at alpha/m, the next at
+    alpha/(m − 1), and so on, stopping at the first that fails. Each comparison's interval here
+    is the one its step uses, at level 1 − alpha/(m − i + 1) for the i-th smallest p-value (and
+    at the failing step's level for every comparison from there on), so an interval excludes
+    `null` exactly when Holm's procedure keeps that comparison: "p_adj" (`family_verdicts`'
+    p_holm) < alpha. "bonferroni": every interval at level 1 − alpha/m (wider; jointly they
+    cover all m true differences with probability ≥ 1 − alpha). None: each at 1 − alpha alone.
+    "word": `verdict`'s word for the interval after the correction ("higher", "lower", "no
+    difference detected"); "level": that interval's confidence level."""
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    fam = family_verdicts(diffs, null=null, alpha=alpha)
+    m = len(diffs)
+    order = sorted(diffs, key=lambda k: fam[k]["p"])
+    level = {}
+    stop = None  # the rank of the first comparison Holm's procedure fails to keep
+    for i, label in enumerate(order):
+        if correction is None:
+            level[label] = alpha
+        elif correction == "bonferroni":
+            level[label] = alpha / m
+        else:
+            if stop is None and fam[label]["p_holm"] >= alpha:
+                stop = i
+            level[label] = alpha / (m - (i if stop is None else stop))
+    out = {}
+    for label, d in diffs.items():
+        se = d["std"] / math.sqrt(d["n"]) if d["n"] > 1 else math.nan
+        half = t_quantile(level[label], d["n"] - 1) * se if se > 0 else (0.0 if se == 0
+                                                                           else math.nan)
+        p_adj = {"holm": fam[label]["p_holm"], "bonferroni": min(1.0, m * fam[label]["p"]),
+                 None: fam[label]["p"]}[correction]
+        adj = {"mean": d["mean"], "lo": d["mean"] - half, "hi": d["mean"] + half}
+        out[label] = {**d, "p": fam[label]["p"], "p_adj": p_adj, "lo_adj": adj["lo"],
+                      "hi_adj": adj["hi"], "level": 1 - level[label],
+                      "word": verdict(adj, null=null), "m": m, "correction": correction}
+    return out
+
+
+def correction_words(e: dict) -> str:
+    """How an `effects` entry's interval was corrected, in words: "after Holm's correction over
+    12 comparisons", "after Bonferroni's correction over 12 comparisons" or "uncorrected"."""
+    if e["correction"] is None or e["m"] == 1:
+        return "uncorrected" if e["correction"] is None else "on its own"
+    name = {"holm": "Holm's", "bonferroni": "Bonferroni's"}[e["correction"]]
+    return f"after {name} correction over {e['m']} comparisons"
+
+
+def effect_words(e: dict, fmt="+.3f") -> str:
+    """One `effects` entry for prose: "+0.040 (95 % interval +0.010 to +0.070 after Holm's
+    correction over 6 comparisons)" (the difference and its corrected interval; the chapter's
+    sentence says what it means)."""
+    return (f"{e['mean']:{fmt}} (95 % interval {e['lo_adj']:{fmt}} to {e['hi_adj']:{fmt}} "
+            f"{correction_words(e)})")
+
+
+def effect_table(diffs: dict, baseline: str | None = None, key="reward", last=5,
+                 correction="holm", alpha=0.05, fmt="+.3f", measures: dict | None = None,
+                 null=0.0) -> str:
+    """A Markdown table of effect sizes: per comparison the difference (mean over seeds), its
+    95 % interval on its own, its interval after the family's `correction` (`effects`), and
+    what that interval says ("higher", "lower", or "no difference detected": an interval
+    that contains `null`). A note under the table says what the correction does.
+
+    diffs: {label: paired difference}; or, with `baseline`, runs ({label: [LabResult]}), each
+    compared with the baseline by `paired_difference(runs, label, baseline, key, last)`.
+    measures: {label: what the comparison measures}, an extra column."""
+    if baseline is not None:
+        diffs = {f"{label} − {baseline}": paired_difference(diffs, label, baseline, key, last)
+                 for label in diffs if label != baseline}
+    eff = effects(diffs, correction, alpha, null)
+    rows = []
+    for label, e in eff.items():
+        row = [label] + ([measures.get(label, "")] if measures else [])
+        row += [f"{e['mean']:{fmt}}", f"{e['lo']:{fmt}} to {e['hi']:{fmt}}",
+                f"{e['lo_adj']:{fmt}} to {e['hi_adj']:{fmt}}", e["word"]]
+        rows.append(row)
+    after = {"holm": "after Holm's correction", "bonferroni": "after Bonferroni's correction",
+             None: "uncorrected"}[correction]
+    head = ["comparison", *(["what it measures"] if measures else []), "difference",
+            "95 % interval", f"95 % interval, {after}", "reading"]
+    m = len(diffs)
+    n = sorted({e["n"] for e in eff.values()})
+    note = {"holm": (f"Holm's correction over these {m} comparisons keeps the chance that any "
+                     f"of them reads \"higher\" or \"lower\" by luck at {alpha:g}: each "
+                     "interval is widened to the level its step of Holm's procedure tests "
+                     "(the smallest p-value at 1 − α/m, the next at 1 − α/(m − 1), …)."),
+            "bonferroni": (f"Bonferroni's correction: every interval at level 1 − {alpha:g}/{m}, "
+                           "so that all of them hold at once with probability 1 − "
+                           f"{alpha:g}."),
+            None: "No correction: each interval read on its own."}[correction]
+    return (markdown(rows, head) + f"\n\nDifferences over {'/'.join(map(str, n))} common "
+            f"seeds, paired seed by seed. {note} \"No difference detected\": the interval "
+            "contains 0, which is not the same as no difference.")
+
+
 def summary_table(runs: dict, keys=("reward", "entropy", "pg_clipfrac", "log_ratio_absmax"),
                   last=5, fmt=".3f") -> str:
     """A Markdown table: per method, mean [95 % interval] over seeds of each final value."""
@@ -276,7 +402,8 @@ def method_color(label, fallback="C0"):
     return getattr(cls, "color", None) or fallback
 
 
-__all__ = ["area", "budget_table", "curves", "family_table", "family_verdicts", "finals",
+__all__ = ["CORRECTIONS", "area", "budget_table", "correction_words", "curves", "effect_table",
+           "effect_words", "effects", "family_table", "family_verdicts", "finals",
            "format_interval", "interval", "marked_verdict", "method_color", "paired",
            "paired_difference", "paired_table", "plateau", "slope", "summary", "summary_table",
-           "t975", "t_pvalue", "upto", "verdict"]
+           "t975", "t_pvalue", "t_quantile", "upto", "verdict"]
