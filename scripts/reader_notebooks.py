@@ -7,7 +7,8 @@ that reads well anywhere:
 - every `{glue:text}` role becomes its number as text, from the values the build's single
   execution glued (`<build>/jupyter_execute/chapters/NN.glue.json`, written by myst-nb);
 - every MyST role and directive is converted: {eq} {numref} {ref} {doc} {cite} {math}
-  {explorer} ..., admonitions (a `:class: dropdown` one as a folded `<details>`), sphinx-exercise's
+  {explorer} {term} (a link to the glossary's entry) {repo} (a link to the file in the
+  repository) ..., admonitions (a `:class: dropdown` one as a folded `<details>`), sphinx-exercise's
   {exercise} {solution} {solution-start} {solution-end}, {glue:md}, {figure}, {code-block};
 - a figure's caption (cell metadata `mystnb.figure`) is shown in a Markdown cell after it;
 - a solution's code is not a code cell: it is shown, with the output it gave in the build
@@ -23,9 +24,11 @@ Code cells outside solutions are copied unchanged (outputs dropped), so the chap
 execution (nbval's, once per check) executes them; the added first cell is tested on its own
 (tests/test_reader_notebooks.py).
 
-As a Sphinx extension (_config.yml, sphinx.local_extensions), it runs when the book build finishes:
-it writes the reader notebooks to <build>/reader/chapters/ and puts them where the page's download
-button points (<html>/_sources/chapters/NN.ipynb). As a script:
+As a Sphinx extension (_config.yml, sphinx.local_extensions), it defines the role
+{repo}`tests/test_x.py` (a link to that file of the repository, `repository.url` in _config.yml,
+branch main; a path that is not in the repository fails the strict build), and it runs when the
+book build finishes: it writes the reader notebooks to <build>/reader/chapters/ and puts them
+where the page's download button points (<html>/_sources/chapters/NN.ipynb). As a script:
 
     python scripts/reader_notebooks.py [BUILD_DIR]       (default _build; needs a built book)
 """
@@ -61,6 +64,7 @@ EXERCISE_DIRECTIVES = {"exercise", "exercise-start", "exercise-end", "solution",
                        "solution-start", "solution-end"}
 
 INSTALL_TAG = "rlgates-reader-setup"
+SOURCE_BRANCH = "main"  # the branch that holds the sources: {repo} links point there
 REPLACED_GLUE = "application/papermill.record/"
 
 
@@ -75,6 +79,34 @@ def repository(config: dict) -> tuple[str, str]:
     """(repository URL, the branch the launch buttons open): set once, in _config.yml."""
     repo = config.get("repository", {})
     return repo["url"].rstrip("/"), repo.get("branch", "main")
+
+
+def source_url(repo_url: str, path: str) -> str:
+    """The web page of one file of the repository's sources: {repo}`PATH` links here."""
+    return f"{repo_url.rstrip('/')}/blob/{SOURCE_BRANCH}/{path.strip().lstrip('/')}"
+
+
+def term_anchor(term: str) -> str:
+    """The id Sphinx gives a glossary entry ("term-importance-ratio")."""
+    try:
+        from sphinx.util.nodes import _make_id
+    except ImportError:  # pragma: no cover - Sphinx is installed with the book
+        return "term-" + re.sub(r"[^A-Za-z0-9_]+", "-", term).strip("-")
+    return _make_id("term-" + term)
+
+
+def glossary_terms(root: Path = ROOT) -> set[str]:
+    """The terms glossary.md's {glossary} block defines, lower-cased (Sphinx matches a {term}
+    case-insensitively)."""
+    path = root / "glossary.md"
+    if not path.is_file():
+        return set()
+    text = path.read_text()
+    if "```{glossary}" not in text:
+        return set()
+    block = text.split("```{glossary}", 1)[1].split("\n```", 1)[0]
+    return {line.strip().lower() for line in block.splitlines()
+            if line.strip() and not line.startswith((" ", "\t", ":"))}
 
 
 def pages_url(repo_url: str) -> str:
@@ -125,6 +157,7 @@ class Book:
     labels: dict[str, Label] = field(default_factory=dict)
     titles: dict[str, str] = field(default_factory=dict)  # docname -> first heading
     problems: list[str] = field(default_factory=list)
+    terms: set[str] = field(default_factory=set)  # glossary terms, lower-cased; empty: unchecked
 
     @property
     def web(self) -> str:
@@ -179,6 +212,17 @@ def collect_labels(doc: str, nb, book: Book) -> None:
                 if lab:
                     number = exercise_number(doc, exercises)
                     book.labels[lab] = Label("exercise", doc, f"Exercise {number}", number)
+
+
+def web_anchor(target: str, label: Label) -> str:
+    """The id a label has on the web page: docutils normalises a target's or a figure's name
+    ("eq-03_generalized_objective-5" -> "eq-03-generalized-objective-5"); sphinx-exercise keeps an
+    exercise's label as it is. (In a reader notebook the anchors keep the label as written.)"""
+    if label.kind == "exercise":
+        return target
+    from docutils.nodes import make_id
+
+    return make_id(target)
 
 
 def exercise_number(doc: str, k: int) -> str:
@@ -264,7 +308,8 @@ class Page:
             text = text or f"({label.number})"
         elif not text:
             text = label.title if label.kind != "figure" else f"Fig. {label.number}"
-        href = f"#{target}" if label.doc == self.doc else self.book.page(label.doc, target)
+        href = f"#{target}" if label.doc == self.doc else self.book.page(label.doc,
+                                                                         web_anchor(target, label))
         return f"[{text}]({href})"
 
     def doc_link(self, content: str) -> str:
@@ -298,6 +343,17 @@ class Page:
             text, method = (tm.group("text"), tm.group("target")) if tm else ("", content)
             text = text or f"the gate explorer ({method})"
             return f"[{text}]({self.book.web}explorer.html#{method})"
+        if name == "term":
+            tm = REF_WITH_TEXT.match(content)
+            text, term = (tm.group("text"), tm.group("target")) if tm else (content, content)
+            term = " ".join(term.split())
+            if self.book.terms and term.lower() not in self.book.terms:
+                self.problem(f"{{term}} {term!r} is not in the glossary")
+            return f"[{text}]({self.book.page('glossary', term_anchor(term))})"
+        if name == "repo":
+            tm = REF_WITH_TEXT.match(content)
+            text, path = (tm.group("text"), tm.group("target")) if tm else (f"`{content}`", content)
+            return f"[{text}]({source_url(self.book.repo_url, path)})"
         if name in ("sub", "sup"):
             return f"<{name}>{content}</{name}>"
         if name in ("abbr",):
@@ -716,7 +772,7 @@ def chapters(root: Path = ROOT) -> list[str]:
 def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
     config = read_config(root)
     url, branch = repository(config)
-    book = Book(url, branch)
+    book = Book(url, branch, terms=glossary_terms(root))
     notebooks = {}
     for doc in chapters(root):
         nb = chapter_sources.read(root / f"{doc}.md")
@@ -783,7 +839,29 @@ def _build_finished(app, exception):
     log.info(f"reader notebooks: {len(written)} written to {build_dir / 'reader'}")
 
 
+def repo_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """{repo}`tests/test_x.py` (or {repo}`the test <tests/test_x.py>`): a link to that file of
+    the repository's sources, for prose that cites a file a reader of the web book cannot open.
+    A path that is not in the repository is an error (the strict build fails on it)."""
+    from docutils import nodes
+
+    m = REF_WITH_TEXT.match(text)
+    label, path = (m.group("text"), m.group("target")) if m else ("", text)
+    path = path.strip()
+    env = inliner.document.settings.env
+    srcdir = Path(env.srcdir)
+    if not path or path.startswith(("/", "..")) or not (srcdir / path).exists():
+        msg = inliner.reporter.error(f"repo role: {path!r} is not a file of the repository",
+                                     line=lineno)
+        return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+    url, _ = repository(read_config(srcdir))
+    child = nodes.Text(label) if label else nodes.literal(path, path)
+    return [nodes.reference(rawtext, "", child, refuri=source_url(url, path),
+                            classes=["rlgates-repo-link"])], []
+
+
 def setup(app):
+    app.add_role("repo", repo_role)
     app.connect("build-finished", _build_finished)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
 

@@ -51,6 +51,8 @@ def make_book() -> rn.Book:
         "fig-x": rn.Label("figure", "chapters/07_x", "The gate.", "2"),
         "eq-gate": rn.Label("equation", "chapters/07_x", "", "7.2"),
         "ex-07_x-1": rn.Label("exercise", "chapters/07_x", "Exercise 7.1", "7.1"),
+        "eq-06_y-1": rn.Label("section", "chapters/06_y", "Key equations"),
+        "ex-06_y-2": rn.Label("exercise", "chapters/06_y", "Exercise 6.2", "6.2"),
     }
     return book
 
@@ -83,6 +85,24 @@ def convert(md: str) -> tuple[str, rn.Book]:
      "[the gate explorer (sapo)](https://rlgates.github.io/rlgates-book/explorer.html#sapo)"),
     ("{explorer}`try it <dapo>`",
      "[try it](https://rlgates.github.io/rlgates-book/explorer.html#dapo)"),
+    ("{ref}`ex-07_x-1`", "[Exercise 7.1](#ex-07_x-1)"),
+    ("{ref}`eq. (7.2) <eq-gate>`", "[eq. (7.2)](#eq-gate)"),
+    # on another page: the web page's id (docutils's, for a target; the label, for an exercise)
+    ("{ref}`eq. (1) <eq-06_y-1>`",
+     "[eq. (1)](https://rlgates.github.io/rlgates-book/chapters/06_y.html#eq-06-y-1)"),
+    ("{ref}`ex-06_y-2`",
+     "[Exercise 6.2](https://rlgates.github.io/rlgates-book/chapters/06_y.html#ex-06_y-2)"),
+    ("{term}`gate`", "[gate](https://rlgates.github.io/rlgates-book/glossary.html#term-gate)"),
+    ("{term}`gates <gate>`",
+     "[gates](https://rlgates.github.io/rlgates-book/glossary.html#term-gate)"),
+    ("{term}`Holm's correction`", "[Holm's correction](https://rlgates.github.io/rlgates-book/"
+                                  "glossary.html#term-Holm-s-correction)"),
+    ("{term}`MoE <MoE routing>`",
+     "[MoE](https://rlgates.github.io/rlgates-book/glossary.html#term-MoE-routing)"),
+    ("{repo}`tests/test_glossary.py`",
+     f"[`tests/test_glossary.py`]({URL}/blob/main/tests/test_glossary.py)"),
+    ("{repo}`the glossary's test <tests/test_glossary.py>`",
+     f"[the glossary's test]({URL}/blob/main/tests/test_glossary.py)"),
 ])
 def test_role(md, expected):
     out, book = convert(f"The value is {md} here.")
@@ -95,6 +115,39 @@ def test_role(md, expected):
 def test_two_roles_and_code_spans_on_one_line():
     out, _ = convert("at {glue:text}`half:.1f` near `x = {y}` and {glue:text}`share:.2f`.")
     assert out == "at 2.8 near `x = {y}` and 0.12."
+
+
+def test_term_not_in_the_glossary_is_a_problem():
+    book = make_book()
+    book.terms = {"gate", "moe routing"}
+    out = rn.Page("chapters/07_x", book).markdown("a {term}`Gate` and a {term}`frob`.")
+    assert out.startswith("a [Gate](https://rlgates.github.io/rlgates-book/glossary.html#term-Gate)")
+    assert book.problems == ["chapters/07_x: {term} 'frob' is not in the glossary"]
+
+
+def test_the_glossary_terms_are_read_from_the_glossary():
+    terms = rn.glossary_terms(ROOT)
+    assert {"gate", "tis", "holm's correction", "k1", "k3", "ga"} <= terms
+    assert not any(t.startswith(("{", "`", "$")) for t in terms)
+
+
+def test_repo_role_links_an_existing_file_and_refuses_a_missing_one():
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from docutils.utils import Reporter
+
+    reporter = Reporter("x", Reporter.WARNING_LEVEL, Reporter.SEVERE_LEVEL + 1)
+    env = SimpleNamespace(srcdir=str(ROOT))
+    inliner = SimpleNamespace(document=SimpleNamespace(settings=SimpleNamespace(env=env)),
+                              reporter=reporter, problematic=lambda raw, text, msg: nodes.Text(raw))
+    (node,), messages = rn.repo_role("repo", "", "tests/test_glossary.py", 1, inliner)
+    assert not messages and node["refuri"] == f"{URL}/blob/main/tests/test_glossary.py"
+    assert node.astext() == "tests/test_glossary.py"
+    (node,), messages = rn.repo_role("repo", "", "its test <tests/test_glossary.py>", 1, inliner)
+    assert node.astext() == "its test" and not messages
+    _, messages = rn.repo_role("repo", "{repo}`tests/nope.py`", "tests/nope.py", 1, inliner)
+    assert messages and "not a file of the repository" in messages[0].astext()
 
 
 def test_unknown_role_or_glue_name_is_a_problem():
