@@ -134,12 +134,52 @@ def vespo_loss(logp, logp_old, adv, mask, agg, k_pos=2.0, lambda_pos=3.0, k_neg=
     return agg_loss(-phi * adv * logp, mask, agg, safety_eps)
 
 
+# --- the other trainers' losses, as each trainer writes them -------------------------------------
+
+def topr_loss(logp, logp_old, adv, mask, agg, pos_weight=1.0, neg_weight=1.0, scores=None,
+              safety_eps=0.0):
+    """TOPR as ROLL v0.3.0 writes it (roll/pipeline/rlvr/actor_pg_worker.py,
+    _compute_topr_loss): −w_+·A·log π on positive samples, −w_−·sg(clamp(ρ, 0, 1))·A·log π on
+    the others. ROLL splits by the response's score (`scores > 0`, [B]); without `scores` the
+    split is by the sign of A, as rlgates' `topr`."""
+    positive = (adv > 0) if scores is None else (scores > 0)[:, None].expand_as(logp)
+    ratio = (logp - logp_old).exp()
+    positive_loss = -adv * logp * positive.to(logp.dtype)
+    clipped_ratio = torch.clamp(ratio, min=0.0, max=1.0).detach()
+    negative_loss = -clipped_ratio * adv * logp * (~positive).to(logp.dtype)
+    return agg_loss(pos_weight * positive_loss + neg_weight * negative_loss, mask, agg,
+                    safety_eps)
+
+
+def glm5_rollout_is_loss(logp, logp_old, adv, mask, agg, eps_low=0.2, eps_high=0.2,
+                         safety_eps=0.0):
+    """SkyRL's rollout_is (GLM-5 §4.1.2; skyrl/backends/skyrl_train/utils/ppo_utils.py):
+    −sg(ρ·1[1−ε_l < ρ < 1+ε_h])·A·log π, ρ against the rollout log-probs (here logp_old)."""
+    ratio = _ratio(logp, logp_old)
+    in_range = (ratio > 1 - eps_low) & (ratio < 1 + eps_high)
+    calibrated_ratio = torch.where(in_range, ratio, torch.zeros_like(ratio))
+    return agg_loss(-(calibrated_ratio.detach() * adv * logp), mask, agg, safety_eps)
+
+
+def ipo_loss(logp, logp_old, adv, mask, agg, eps=0.1, tau=1e-3, safety_eps=0.0):
+    """prime-rl's ipo_loss_fn (src/prime_rl/trainer/rl/loss.py, 559b447), logp_old the
+    inference log-probs: −1[|π − μ| ≤ ε]·ρ·A + τ(log ρ)² (adv_tau = 1), as a token mean."""
+    log_importance_ratio = logp - logp_old
+    importance_ratio = torch.exp(log_importance_ratio)
+    abs_probs_diff = torch.abs(torch.exp(logp) - torch.exp(logp_old))
+    keep_mask = ~(abs_probs_diff > eps)
+    pg_loss = keep_mask * adv * importance_ratio
+    per_token_loss = -pg_loss + tau * log_importance_ratio**2
+    return agg_loss(per_token_loss, mask, agg, safety_eps)
+
+
 #: The reference loss of every built-in method, with rlgates' hyperparameter names. LUSPO's loss
 #: is GSPO's; its length factor is its aggregation (seq-mean-token-sum).
 REFERENCES = {"dapo": clip_loss, "gspo": gspo_loss, "sapo": sapo_loss, "sao": sao_loss,
               "dual_clip": dual_clip_loss, "cispo": cispo_loss, "reinforce": reinforce_loss,
               "luspo": gspo_loss, "vespo": vespo_loss, "dapo_dual_clip": decoupled_dual_clip_loss,
-              "gmpo": gmpo_loss, "gpg": gpg_loss, "dro": dro_loss}
+              "gmpo": gmpo_loss, "gpg": gpg_loss, "dro": dro_loss, "topr": topr_loss,
+              "glm5_rollout_is": glm5_rollout_is_loss, "ipo": ipo_loss}
 
 
 def reference_loss(name, logp, logp_old, adv, mask, agg, side=None, **hparams):

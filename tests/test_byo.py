@@ -84,9 +84,11 @@ def test_byo_catches_broken_weights():
 def test_byo_verify_on_the_built_in_methods(name):
     v = byo.verify(held(name))
     assert max(v.eq5.values()) < 1e-13
-    # every built-in gate is ≥ 0 but DRO's, which pushes a token back past ρ = e^{A/β} by design
-    assert (v.gate_range[0] < 0) == (name == "dro"), str(v)
-    assert v.ok == (name != "dro"), str(v)
+    # every built-in gate is ≥ 0 but those with a (log ρ)² pull, which push a token back by
+    # design: DRO's past ρ = e^{A/β}, IPO's outside its window
+    pulls = name in ("dro", "ipo")
+    assert (v.gate_range[0] < 0) == pulls, str(v)
+    assert v.ok == (not pulls), str(v)
 
 
 def test_byo_is_usable_by_the_figures():

@@ -89,12 +89,20 @@ def _assert_half_gate_edges(ax, method):
 
 def _brackets_half(method, xy, n=201):
     """Each vertex's grid cell holds a gate value on each side of 1/2: the linear interpolation
-    is right where the gate is too steep for a fixed tolerance (DRO's, near A = 0)."""
+    is right where the gate is too steep for a fixed tolerance (DRO's and IPO's, near A = 0).
+    The corners stay on the vertex's side of A = 0, as `half_gate_lines` traces each side
+    apart (the grid's middle column is a tiny A of one sign, not 0)."""
     lim = rlgates.figures.default_lim(method)
     da, dr = 2.0 / (n - 1), 2 * lim / (n - 1)
     corners = [(sa * da, sr * dr) for sa in (-1, 1) for sr in (-1, 1)]
+    tiny = np.finfo(np.float64).tiny
+
+    def same_side(a):
+        return np.where(xy[:, 0] < 0, np.minimum(a, -tiny), np.maximum(a, tiny))
+
     g = np.stack([method.gate(torch.from_numpy(np.exp(xy[:, 1] + r)),
-                              torch.from_numpy(xy[:, 0] + a)).numpy() for a, r in corners])
+                              torch.from_numpy(same_side(xy[:, 0] + a))).numpy()
+                  for a, r in corners])
     return bool(((g.min(0) <= 0.5) & (g.max(0) >= 0.5)).all())
 
 

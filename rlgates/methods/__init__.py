@@ -14,6 +14,9 @@
     masks.py        a mask read from side information, times DAPO's gate: opsm, top_entropy
     dppo.py         a trust region on π − π_old (side input π_old): dppo_tv, dppo_kl
     cov.py          tokens picked by the batch covariance (side input: the pick): clip_cov, kl_cov
+    topr.py         SFT on A > 0, a weight capped at 1 on A ≤ 0 (ROLL): topr
+    sampler_band.py SAO's band on the ratio to the sampler, in CISPO's form (SkyRL): glm5_rollout_is
+    ipo.py          a band on |π − μ| plus a (log ρ)² pull (prime-rl, side input μ): ipo
 
 Each class is registered where it is defined (`@register`); `get`, `names` and every per-method
 table in rlgates, the book and the tests read the registry.
@@ -27,10 +30,13 @@ from . import (  # noqa: F401  (registers them)
     dro,
     gmpo,
     gpg,
+    ipo,
     luspo,
     masks,
     reinforce,
+    sampler_band,
     smooth,
+    topr,
     vespo,
     weight_clip,
     window,
@@ -43,10 +49,13 @@ from .dppo import DPPOKL, DPPOTV
 from .dro import DRO
 from .gmpo import GMPO
 from .gpg import GPG
+from .ipo import IPO
 from .luspo import LUSPO
 from .masks import OPSM, EntropyMask, OffPolicyMask, TopEntropy
 from .reinforce import Reinforce
+from .sampler_band import GLM5RolloutIS
 from .smooth import SAPO
+from .topr import TOPR
 from .vespo import VESPO
 from .weight_clip import CISPO
 from .window import SAO
@@ -55,5 +64,5 @@ from .window import SAO
 __all__ = ["SignClip", "PPO", "GRPO", "DAPO", "GSPO", "DualClip", "SAO", "SAPO", "CISPO",
            "Reinforce", "LUSPO", "VESPO", "GMPO", "GPG", "DRO", "DecoupledDualClip",
            "OffPolicyMask", "OPSM", "EntropyMask", "TopEntropy", "DPPOTV", "DPPOKL", "ClipCov",
-           "KLCov",
+           "KLCov", "TOPR", "GLM5RolloutIS", "IPO",
            "Method", "REGISTRY", "get", "names", "register", "unregister"]
