@@ -279,7 +279,9 @@ def test_facts_reader_finds_and_refuses(monkeypatch):
     """The reader sees the trainers, and fails loudly on what they do not say (negative controls).
     Where a trainer is missing (Binder), installed() is False and the chapters skip their checks,
     running every chapter cell that follows them all the same."""
-    assert facts.installed() and facts.versions() == rlgates.trainers.TESTED_VERSIONS
+    from rlgates import trainers
+
+    assert facts.installed() and facts.versions() == trainers.TESTED_VERSIONS
     with monkeypatch.context() as m:
         real = facts.importlib.util.find_spec
         m.setattr(facts.importlib.util, "find_spec",
@@ -539,8 +541,9 @@ def test_references_name_what_trl_cites():
                "specified in the [ScaleRL paper](https://huggingface.co/papers/2510.13786)")
     assert facts.trl("delta") is None and facts.trl("epsilon_high") is None  # both opt-in
     text = _page("references.md")
-    assert "(ScaleRL). arXiv:2510.13786. TRL's CISPO cap; chapter 14." in text
-    assert "arXiv:2505.07291. TRL's `delta`; chapter 14." in text
+    ch14 = "{doc}`chapter 14 <chapters/14_real_trainers>`."
+    assert f"(ScaleRL). arXiv:2510.13786. TRL's CISPO cap; {ch14}" in text
+    assert f"arXiv:2505.07291. TRL's `delta`; {ch14}" in text
 
 
 def test_readme_value_head_shim():
