@@ -357,49 +357,56 @@ def check_installed_defaults() -> list[str]:
 
     rows = {r["trainer"]: r for r in defaults_across_trainers() if r["installed"]}
     checked = []
-
-    def has(package):
-        return importlib.util.find_spec(package) is not None
-
-    if has("verl"):
-        d, r = installed_defaults("verl"), rows["verl"]
-        assert f"[{d['cispo'][0]:g}, {d['cispo'][1]:g}]" in r["cispo"], r["cispo"]
-        assert r["dual_clip_c"].startswith(f"{d['dual_clip_c']:.1f}")
-        assert r["kl_cov"] == f"kl_cov_ratio {d['kl_cov'][0]}, ppo_kl_coef {d['kl_cov'][1]}"
-        assert "opsm" not in d["loss_modes"] and r["opsm_delta"] == _NONE
-        assert r["agg"] == d["agg"]
-        checked.append("verl")
-    if has("trl"):
-        from .conformance_trl import TRL_AGG
-
-        d, r = installed_defaults("TRL"), rows["TRL"]
-        assert r["cispo"].startswith(f"min(ρ, {d['cispo']:g})")
-        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
-        assert d["opsm_delta"] is None and r["opsm_delta"].startswith("off")
-        assert "kl_cov" not in TRL_AGG and r["kl_cov"] == _NONE
-        assert r["agg"].startswith(d["agg"] + ":")
-        checked.append("TRL")
-    if has("openrlhf"):
-        from . import conformance_openrlhf as orl
-
-        d, r = installed_defaults("OpenRLHF"), rows["OpenRLHF"]
-        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
-        assert r["agg"].startswith(d["agg"] + " ")
-        text = orl.path(orl.LOSS_FILE).read_text().lower()
-        for word, col in (("cispo", "cispo"), ("kl_cov", "kl_cov"), ("opsm", "opsm_delta")):
-            assert word not in text and r[col] == _NONE, word  # no such loss in its loss file
-        checked.append("OpenRLHF")
-    if has("areal"):
-        from .conformance_areal import FUNCTIONAL_FILE, path
-
-        d, r = installed_defaults("AReaL"), rows["AReaL"]
-        assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
-        assert r["agg"].startswith(d["agg"] + " ")
-        text = path(FUNCTIONAL_FILE).read_text().lower()
-        for word, col in (("cispo", "cispo"), ("kl_cov", "kl_cov"), ("opsm", "opsm_delta")):
-            assert word not in text and r[col] == _NONE, word
-        checked.append("AReaL")
+    for package, (name, check) in _DEFAULT_CHECKS.items():
+        if importlib.util.find_spec(package) is not None:
+            check(installed_defaults(name), rows[name])
+            checked.append(name)
     return checked
+
+
+def _check_verl(d, r):
+    assert f"[{d['cispo'][0]:g}, {d['cispo'][1]:g}]" in r["cispo"], r["cispo"]
+    assert r["dual_clip_c"].startswith(f"{d['dual_clip_c']:.1f}")
+    assert r["kl_cov"] == f"kl_cov_ratio {d['kl_cov'][0]}, ppo_kl_coef {d['kl_cov'][1]}"
+    assert "opsm" not in d["loss_modes"] and r["opsm_delta"] == _NONE
+    assert r["agg"] == d["agg"]
+
+
+def _check_trl(d, r):
+    from .conformance_trl import TRL_AGG
+
+    assert r["cispo"].startswith(f"min(ρ, {d['cispo']:g})")
+    assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
+    assert d["opsm_delta"] is None and r["opsm_delta"].startswith("off")
+    assert "kl_cov" not in TRL_AGG and r["kl_cov"] == _NONE
+    assert r["agg"].startswith(d["agg"] + ":")
+
+
+def _check_no_such_losses(d, r, loss_text):
+    """OpenRLHF and AReaL: no dual-clip by default, their aggregation, and no CISPO, KL-Cov or
+    OPSM loss in their loss file."""
+    assert d["dual_clip_c"] is None and r["dual_clip_c"].startswith("off")
+    assert r["agg"].startswith(d["agg"] + " ")
+    text = loss_text.lower()
+    for word, col in (("cispo", "cispo"), ("kl_cov", "kl_cov"), ("opsm", "opsm_delta")):
+        assert word not in text and r[col] == _NONE, word
+
+
+def _check_openrlhf(d, r):
+    from . import conformance_openrlhf as orl
+
+    _check_no_such_losses(d, r, orl.path(orl.LOSS_FILE).read_text())
+
+
+def _check_areal(d, r):
+    from .conformance_areal import FUNCTIONAL_FILE, path
+
+    _check_no_such_losses(d, r, path(FUNCTIONAL_FILE).read_text())
+
+
+#: package -> (its row's name, the check of that row against the installed package)
+_DEFAULT_CHECKS = {"verl": ("verl", _check_verl), "trl": ("TRL", _check_trl),
+                   "openrlhf": ("OpenRLHF", _check_openrlhf), "areal": ("AReaL", _check_areal)}
 
 
 def defaults_table() -> str:

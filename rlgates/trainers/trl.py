@@ -152,6 +152,24 @@ def _method_settings(method, args):
     return f["loss_type"], keys, {**{k: fields[k].default for k in (*keys, "epsilon")}, **f}
 
 
+def _solved(method, args, keys, want, base, p, v):
+    """Hyperparameter p (now v) solved from the first gate setting it moves: move it by d,
+    read the settings again, and take the affine solution; v where it moves none."""
+    for d in (0.25 * max(abs(v), 0.1), -0.25 * max(abs(v), 0.1)):
+        try:
+            moved = _method_settings(type(method)(**{**method.hparams, p: v + d}), args)
+        except ValueError:  # out of its range: try the other way
+            continue
+        if moved is None:
+            return v
+        for k in keys:
+            a, b = _gate_value(base, k), _gate_value(moved[2], k)
+            if a is not None and b is not None and a != b and want[k] is not None:
+                return float(f"{v + (want[k] - a) * d / (b - a):.12g}")
+        return v
+    return v
+
+
 def _method_at(method, args, keys):
     """`method`'s class at hyperparameters whose TRL flags give `args`' gate values, or None.
     Each hyperparameter that moves a setting is solved from it (the flags are affine in it),
@@ -160,21 +178,8 @@ def _method_at(method, args, keys):
     base = _method_settings(method, args)[2]
     h = dict(method.hparams)
     for p, v in method.hparams.items():
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
-            continue
-        for d in (0.25 * max(abs(v), 0.1), -0.25 * max(abs(v), 0.1)):
-            try:
-                moved = _method_settings(type(method)(**{**method.hparams, p: v + d}), args)
-            except ValueError:  # out of its range: try the other way
-                continue
-            if moved is None:
-                break
-            for k in keys:
-                a, b = _gate_value(base, k), _gate_value(moved[2], k)
-                if a is not None and b is not None and a != b and want[k] is not None:
-                    h[p] = float(f"{v + (want[k] - a) * d / (b - a):.12g}")
-                    break
-            break
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            h[p] = _solved(method, args, keys, want, base, p, v)
     try:
         found = type(method)(**h)
     except ValueError:
