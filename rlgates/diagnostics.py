@@ -440,12 +440,14 @@ def as_floats(stats: dict) -> dict:
 def table(keys=None) -> str:
     """A Markdown table of the registered diagnostics: key, what it measures, verl's and TRL's
     names for the same number ("—": the trainer does not log it under a name of its own)."""
-    rows = ["| key | what it measures | verl | TRL |", "| --- | --- | --- | --- |"]
-    for k in keys or REGISTRY:
-        d = REGISTRY[k]
-        names = [f"`{n}`" if n else "—" for n in (d.verl, d.trl)]
-        rows.append(f"| `{k}` | {d.doc.replace('|', '∣')} | {' | '.join(names)} |")
-    return "\n".join(rows)
+    from .tables import markdown
+
+    def name(n):
+        return f"`{n}`" if n else "—"
+
+    rows = [(f"`{k}`", REGISTRY[k].doc, name(REGISTRY[k].verl), name(REGISTRY[k].trl))
+            for k in keys or REGISTRY]
+    return markdown(rows, ("key", "what it measures", "verl", "TRL"))
 
 
 __all__ = [
