@@ -9,9 +9,30 @@
  * 3. Figures on a phone: a tap opens the figure at its laptop size in a view that scrolls.
  * 4. Search results: the excerpt under each hit is read from the page's article text, with TeX
  *    source turned into readable symbols, not from the sidebar or raw LaTeX.
+ * 5. A formula that still scrolls after 1. (a phone) is marked rlg-scrolls: book.css draws a
+ *    shadow at the edge that hides more of it, since phones show no scroll bar until one scrolls.
+ * 6. The sidebar toggles in the article header (the hamburger and "On this page") work:
+ *    pydata-sphinx-theme 0.17 listens only on the first .primary-toggle / .secondary-toggle,
+ *    the header bar's, hidden; a click on any other is forwarded to it (so the drawer opens on a
+ *    phone, and the sidebar collapses at >= 992 px, sphinx-book-theme's own handler).
+ * 7. The enlarged figure (3.) is a history entry: Back closes it, as on any phone overlay.
+ * 8. Until MathJax has typeset the page, its TeX source is not shown (book.css: rlg-math-pending;
+ *    on a slow link that is seconds of "\(|A|\)"); after 20 s without MathJax it shows.
  */
 (function () {
   "use strict";
+  // ---- 8. no raw TeX while MathJax loads ----
+  var root = document.documentElement;
+  if (window.MathJax && !root.classList.contains("rlg-math-pending")) {
+    root.classList.add("rlg-math-pending");
+    var shown = function () { root.classList.remove("rlg-math-pending"); };
+    setTimeout(shown, 20000);
+    (function wait() {
+      var mj = window.MathJax;
+      if (mj && mj.startup && mj.startup.promise) mj.startup.promise.then(shown, shown);
+      else setTimeout(wait, 100);
+    })();
+  }
   var MIN_SCALE = 0.7;  // eq. 8.2, the widest, fits a laptop's column at 0.72
   var TABLE1 = ".bd-article .cell_output table";
 
@@ -69,6 +90,27 @@
       var cs = getComputedStyle(line);
       var have = line.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
       if (width(m) > have + 1) m.classList.add("rlg-wide");
+    });
+    // whatever still scrolls says so: an edge shadow (book.css), and under a display formula a
+    // line in words
+    document.querySelectorAll('.bd-article mjx-container').forEach(function (m) {
+      var scrolls = m.scrollWidth > m.clientWidth + 1 &&
+        ["auto", "scroll"].indexOf(getComputedStyle(m).overflowX) >= 0;
+      m.classList.toggle("rlg-scrolls", scrolls);
+      if (m.getAttribute("display") !== "true") return;
+      // after the equation's block (Sphinx's div.math, a flex row with its number), not in it
+      var after = m.parentElement && m.parentElement.matches("div.math") ? m.parentElement : m;
+      var hint = after.nextElementSibling;
+      hint = hint && hint.classList.contains("rlg-swipe") ? hint : null;
+      if (scrolls && !hint) {
+        hint = document.createElement("p");
+        hint.className = "rlg-swipe";
+        hint.setAttribute("aria-hidden", "true");  // the math itself is read out whole
+        hint.textContent = "\u2194\uFE0E swipe to see all of it";
+        after.insertAdjacentElement("afterend", hint);
+      } else if (!scrolls && hint) {
+        hint.remove();
+      }
     });
   }
 
@@ -151,6 +193,16 @@
   // ---- figures on a phone: a tap opens the figure at its laptop size, to scroll and pinch ----
   var ZOOM_BELOW = 600;    // px of screen width: wider screens follow the link to the PNG
   var LAPTOP_COLUMN = 850;  // px: the widest a figure shows at 1280 px (book.css)
+  var zoomView = null;
+  function closeZoom(fromHistory) {
+    if (!zoomView) return;
+    zoomView.remove();
+    zoomView = null;
+    // closed by a tap: drop the history entry the zoom added (its popstate finds no view)
+    if (!fromHistory && history.state && history.state.rlgZoom) history.back();
+  }
+  window.addEventListener("popstate", function () { closeZoom(true); });
+  document.addEventListener("keydown", function (e) { if (e.key === "Escape") closeZoom(false); });
   function zoomFigure(ev) {
     var a = ev.target.closest && ev.target.closest(".bd-article a.image-reference");
     var img = a && a.querySelector("img");
@@ -169,18 +221,42 @@
     close.setAttribute("aria-label", "Close");
     view.appendChild(big);
     view.appendChild(close);
-    view.addEventListener("click", function (e) { if (e.target !== big) view.remove(); });
+    view.addEventListener("click", function (e) { if (e.target !== big) closeZoom(false); });
+    closeZoom(false);
     document.body.appendChild(view);
+    zoomView = view;
+    history.pushState({rlgZoom: true}, "");  // Back closes the view, not the page
     close.focus();
   }
   document.addEventListener("click", zoomFigure);
+
+  // ---- the article header's sidebar toggles (see 6. above) ----------------------------------
+  function forwardSidebarToggles() {
+    ["primary-toggle", "secondary-toggle"].forEach(function (cls) {
+      var listened = document.querySelector("." + cls);  // the one the themes listen on
+      if (!listened) return;
+      document.querySelectorAll("." + cls).forEach(function (btn) {
+        if (btn === listened || btn.dataset.rlgForward) return;
+        btn.dataset.rlgForward = "1";
+        btn.addEventListener("click", function (ev) {
+          ev.preventDefault();
+          ev.stopPropagation();
+          listened.click();
+          btn.blur();
+        });
+      });
+    });
+  }
 
   window.RLGatesBook = { texToText: texToText, articleText: articleText, layout: layout, fit: fit };
 
   patchSearch();
   if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", function () { patchSearch(); whenTypeset(); });
+    document.addEventListener("DOMContentLoaded", function () {
+      patchSearch(); forwardSidebarToggles(); whenTypeset();
+    });
   } else {
+    forwardSidebarToggles();
     whenTypeset();
   }
 })();

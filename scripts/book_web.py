@@ -12,7 +12,15 @@
   no search index and search scripts outside search.html (search-as-you-type is off), and the
   theme CSS keeps only the Font Awesome icon rules that some page or script uses; then
   scripts/lighter_assets.py prunes the theme's style sheets, subsets the icon fonts and unlinks
-  unused extension assets (see there).
+  unused extension assets (see there); then lighter_assets.typeset_math typeset every page's
+  formulas in headless Chromium (the browser tests' one), so that no page but the explorer loads
+  MathJax's scripts (without Chromium the pages keep MathJax, as before).
+- Launch buttons only where there is a notebook: a chapter's download, Colab and Binder buttons
+  name its reader notebook, `chapters/NN_name.ipynb`, as the notebooks branch holds it
+  (scripts/notebooks_branch.py); a page with no reader notebook (the home page, Conventions,
+  the glossary, ...) shows neither the launch buttons nor an .ipynb download.
+- Every page's footer says what the book is: its licences (code MIT, text and figures CC BY 4.0),
+  how to cite it (from CITATION.cff), the rlgates version and the build's date and commit.
 """
 
 from __future__ import annotations
@@ -39,6 +47,118 @@ def _config_inited(app, config):
     # absolute paths: Sphinx joins them to the conf dir unchanged
     config.html_static_path = [*config.html_static_path, str(offline_assets.VENDOR),
                                str(EXPLORER_STATIC)]
+    config.html_theme_options = {**(config.html_theme_options or {}),
+                                 "extra_footer": footer_html(Path(app.srcdir))}
+
+
+def book_version(root: Path) -> str:
+    """The rlgates version the book was built with (rlgates/__init__.py's __version__)."""
+    m = re.search(r'^__version__\s*=\s*"([^"]+)"', (root / "rlgates" / "__init__.py")
+                  .read_text(encoding="utf-8"), re.M)
+    return m.group(1) if m else "unknown"
+
+
+def _build_stamp(root: Path) -> tuple[str, str]:
+    """(the build's date, YYYY-MM-DD in UTC, or SOURCE_DATE_EPOCH's; the commit, short, or "")."""
+    import datetime as dt
+    import os
+    import subprocess
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = (dt.datetime.fromtimestamp(int(epoch), dt.UTC) if epoch and epoch.isdigit()
+            else dt.datetime.now(dt.UTC))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                                capture_output=True, timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return when.strftime("%Y-%m-%d"), commit
+
+
+def footer_html(root: Path) -> str:
+    """The footer line of every page: licences, citation, version, build date and commit."""
+    from html import escape
+
+    import yaml
+
+    cff = yaml.safe_load((root / "CITATION.cff").read_text(encoding="utf-8"))
+    repo = (yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+            .get("repository", {}).get("url", cff.get("repository-code", ""))).rstrip("/")
+    version = book_version(root)
+    date, commit = _build_stamp(root)
+    authors = ", ".join(a.get("name") or f"{a.get('given-names', '')} {a.get('family-names', '')}"
+                        .strip() for a in cff.get("authors", []))
+    year = date[:4]
+    cite = (f"{authors} ({year}). <em>{escape(cff['title'])}</em>, version {escape(version)}. "
+            f"{escape(cff.get('url', ''))}")
+    made = f"from commit <code>{escape(commit)}</code> " if commit else ""
+    return (
+        '<div class="rlg-footer">'
+        f'<p class="rlg-licence">Text and figures: <a href="{repo}/blob/main/LICENSE-CONTENT" '
+        'rel="license">CC BY 4.0</a>; code (rlgates, the chapters\' code cells): '
+        f'<a href="{repo}/blob/main/LICENSE" rel="license">MIT</a>.</p>'
+        f'<p class="rlg-cite">How to cite: {cite} '
+        f'(<a href="{repo}/blob/main/CITATION.cff">CITATION.cff</a>)</p>'
+        f'<p class="rlg-version">rlgates <span class="rlg-version-number">{escape(version)}'
+        f'</span>; built {made}on <time datetime="{date}">{date}</time>.</p>'
+        "</div>")
+
+
+def _launch_buttons(app, pagename, templatename, context, doctree):
+    """Launch buttons (and the .ipynb download) only on pages with a reader notebook, and
+    naming it (see the module docstring). After sphinx-book-theme's handlers (priority 501)."""
+    buttons = context.get("header_buttons")
+    if buttons is None:
+        return
+    has_notebook = pagename in _reader_docs(app)
+    kept = []
+    for group in buttons:
+        label = group.get("label") if isinstance(group, dict) else None
+        if label == "launch-buttons":
+            if not has_notebook:
+                continue
+            for b in group.get("buttons", []):
+                if b.get("url"):
+                    b["url"] = re.sub(rf"{re.escape(pagename)}\.(?:md|ipynb)\b",
+                                      f"{pagename}.ipynb", b["url"])
+        elif label == "download-buttons" and not has_notebook:
+            group["buttons"] = [b for b in group.get("buttons", [])
+                                if b.get("label") != "download-notebook-button"]
+        kept.append(group)
+    buttons[:] = kept
+    if not has_notebook:
+        context.pop("ipynb_source", None)
+
+
+def _page_meta(app, pagename, templatename, context, doctree):
+    """Every page gets a description and Open Graph tags, for a link preview (R17); the home
+    page's <title> is set in _lighter_pages (DOUBLE_TITLE)."""
+    from html import escape
+
+    title, docs = context.get("title") or "", context.get("docstitle") or ""
+    desc = getattr(app, "_rlgates_description", None)
+    if desc is None:
+        import yaml
+
+        cff = yaml.safe_load((Path(app.srcdir) / "CITATION.cff").read_text(encoding="utf-8"))
+        desc = app._rlgates_description = " ".join(str(cff.get("abstract", "")).split())
+    page_title = re.sub(r"<[^>]+>", "", title) or docs
+    context["metatags"] = context.get("metatags", "") + (
+        f'\n    <meta name="description" content="{escape(desc)}" />'
+        f'\n    <meta property="og:title" content="{escape(page_title)}" />'
+        f'\n    <meta property="og:site_name" content="{escape(docs)}" />'
+        f'\n    <meta property="og:description" content="{escape(desc)}" />'
+        '\n    <meta property="og:type" content="book" />')
+
+
+def _reader_docs(app) -> set[str]:
+    """The docnames that have a reader notebook (scripts/reader_notebooks.py: the chapters)."""
+    docs = getattr(app, "_rlgates_reader_docs", None)
+    if docs is None:
+        import reader_notebooks  # scripts/ is on sys.path (_config_inited)
+
+        docs = app._rlgates_reader_docs = set(reader_notebooks.chapters(Path(app.srcdir)))
+    return docs
 
 
 TAG = re.compile(r"\\tag\*?\{[^{}]*\}")
@@ -89,6 +209,53 @@ def _page_context(app, pagename, templatename, context, doctree):
     app.add_js_file("explorer.js", defer="defer")
 
 
+#: what a method's side inputs are, for the explorer's note on the methods it leaves out
+SIDE_INPUTS = {"probs_old": "the old policy's probability π_old", "picked": "the batch's pick",
+               "entropy": "each token's entropy", "sampler_logp": "the sampler's log-probs"}
+#: why a method with no side inputs is left out (rlgates/methods: the comment at `explorer`)
+NO_EXPLORER = {"dro": "near A = 0 its gate's ridge, (1 − β log ρ / A)/ρ, is steeper than the "
+                      "explorer's grid can draw faithfully"}
+
+
+def explorer_note() -> str:
+    """The explorer page's line on the registered methods it does not offer, and why."""
+    from rlgates._book.explorer_data import explorer_methods
+    from rlgates.methods import REGISTRY, names
+
+    offered = set(explorer_methods())
+    left = [n for n in names() if n not in offered]
+    if not left:
+        return ""
+    reads: dict[str, list[str]] = {}  # what the gate also reads -> the methods
+    other = []
+    for n in left:
+        m = REGISTRY[n]
+        side = " and ".join(SIDE_INPUTS.get(x, x) for x in getattr(m, "side_inputs", ()))
+        if side:
+            reads.setdefault(side, []).append(m.title)
+        else:
+            other.append(f"{m.title}: {NO_EXPLORER.get(n, 'it has no browser formula')}")
+    parts = [*other]
+    if reads:
+        n_reads = sum(map(len, reads.values()))
+        parts.append(f"{n_reads} methods whose gate reads more than the token's (ρ, A): "
+                     + ", ".join(f"{' and '.join(ms)} ({what})" for what, ms in reads.items()))
+    return (f"The explorer offers {len(offered)} of the {len(offered) + len(left)} methods in "
+            f"rlgates. Not here: {'; '.join(parts)}. Their chapters show their gates as figures.")
+
+
+def _explorer_note(app, doctree, docname):
+    """Under the explorer widget: which methods it leaves out, and why (R11)."""
+    if docname != EXPLORER_PAGE:
+        return
+    text = explorer_note()
+    for node in doctree.findall(nodes.raw):
+        if "rlgates-explorer" in node.astext() and text:
+            note = nodes.paragraph("", text, classes=["rlg-explorer-omitted"])
+            node.parent.insert(node.parent.index(node) + 1, note)
+            return
+
+
 class explorer_link(nodes.reference):
     """A link to the explorer at one method; its URI is set per builder in _resolve_explorer."""
 
@@ -131,6 +298,8 @@ FONTAWESOME_JS = re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/font
                             r"</script>\n?")
 SEARCH_JS = re.compile(r'[ \t]*<script src="[^"]*(?:_static/searchtools\.js|'
                        r'_static/language_data\.js|searchindex\.js)"></script>\n?')
+#: a <title> that says the book's title twice ("T — T": the home page, whose title is the book's)
+DOUBLE_TITLE = re.compile(r"<title>(?P<t>[^<]+?) &#8212; (?P=t)</title>")
 FA_RULE = re.compile(r'((?:\.fa-[a-z0-9-]+:(?::)?before,?)+)\{content:"[^"]*"\}')
 FA_NAME = re.compile(r"\bfa-[a-z0-9-]+")
 
@@ -146,7 +315,7 @@ def _lighter_pages(app, exc):
         if static in page.parents:
             continue
         html = page.read_text(encoding="utf-8")
-        new = FONTAWESOME_JS.sub("", html)
+        new = DOUBLE_TITLE.sub(r"<title>\g<t></title>", FONTAWESOME_JS.sub("", html))
         if page.name != "search.html" or page.parent != out:
             new = SEARCH_JS.sub("", new)
         used |= set(FA_NAME.findall(new))
@@ -179,6 +348,9 @@ def _lighter_pages(app, exc):
     import lighter_assets  # scripts/ is on sys.path (_config_inited)
 
     logging.getLogger(__name__).info(f"book_web: {lighter_assets.lighten(out)}")
+    # the formulas typeset once, here, instead of in every reader's browser (R9: about 750 kB of
+    # MathJax per page, and seconds of TeX source on a slow link)
+    logging.getLogger(__name__).info(f"book_web: {lighter_assets.typeset_math(out)}")
 
 
 def _exercise_numbers_only(app, env):
@@ -205,7 +377,10 @@ def setup(app):
     app.connect("build-finished", _lighter_pages)
     app.connect("doctree-resolved", _tag_outside_split)
     app.connect("doctree-resolved", _resolve_explorer)
+    app.connect("doctree-resolved", _explorer_note)
     app.connect("html-page-context", _drop_widget_state, priority=400)  # before myst-nb's (500)
     app.connect("html-page-context", _page_context)
     app.connect("html-page-context", _dedupe_scripts, priority=900)  # after everyone's scripts
+    app.connect("html-page-context", _launch_buttons, priority=600)  # after the theme's (501)
+    app.connect("html-page-context", _page_meta)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -15,6 +15,11 @@ the theme's style sheets, icon fonts and scripts, cut to what the built pages us
   (no design components in the book) and sphinx-thebe's (no live-code button).
 - The theme's Bootstrap bundle (81 kB) is replaced by scripts/bootstrap_lite.js (2 kB), which
   does what the pages use of it: the dropdown menus, the tooltips (as titles), back to top.
+- Math typeset at build time (`typeset_math`, after the rest): each page is opened once in
+  headless Chromium, the book's MathJax typesets it as it would in a reader's browser, and the
+  typeset formulas and the CHTML style sheet MathJax made for them are written into the page,
+  whose MathJax scripts (about 750 kB) go. The page loads only the MathJax fonts it uses. The
+  explorer, whose script typesets formulas as the reader moves, keeps MathJax.
 """
 
 from __future__ import annotations
@@ -292,5 +297,109 @@ def lighten(out: Path) -> str:
             f"{n_pages} pages with bootstrap-lite.js, without sphinx-design's, -thebe's assets")
 
 
+
+# ---- math typeset at build time -------------------------------------------------------------
+#: the page's MathJax: its configuration and its loader (Sphinx's mathjax extension)
+MATHJAX_TAGS = re.compile(r'[ \t]*<script>window\.MathJax = [^\n]*?</script>\n?'
+                          r'|[ \t]*<script defer="defer" src="[^"]*_static/mathjax/startup\.js'
+                          r'[^"]*"></script>\n?')
+#: a formula as Sphinx writes it, for MathJax to typeset: \(...\) in a span, \[...\] in a div
+MATH_ELEMENT = re.compile(r'<(span|div) class="math notranslate nohighlight"([^>]*)>(.*?)</\1>',
+                          re.S)
+#: pages whose script typesets formulas of its own at run time: they keep MathJax
+LIVE_MATH = re.compile(r"RLGATES_EXPLORER")
+TYPESET = r"""async () => {
+  await MathJax.startup.promise;
+  await document.fonts.ready;
+  const els = [...document.querySelectorAll(
+    'span.math.notranslate.nohighlight, div.math.notranslate.nohighlight')];
+  const style = document.getElementById('MJX-CHTML-styles');
+  return {math: els.map(e => e.innerHTML), css: style ? style.textContent : null,
+          errors: document.querySelectorAll('mjx-merror').length};
+}"""
+
+
+def typeset_math(out: Path, chromium: str | None = None) -> str:
+    """Every page's formulas typeset once, at build time, by the same MathJax in headless
+    Chromium (the browser tests' Chromium), and written into the page with the CHTML style sheet
+    MathJax made for it; the page then loads no MathJax script (about 750 kB), only the MathJax
+    fonts its formulas use, and shows no TeX source while a slow link brings MathJax in. A page
+    whose own script typesets formulas (the explorer) keeps MathJax; so does every page when no
+    Chromium is found. Returns a one-line summary."""
+    import functools
+    import http.server
+    import threading
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
+    try:
+        from bookserver import LAUNCH_ARGS
+        from bookserver import chromium as find_chromium
+        from playwright.sync_api import sync_playwright
+    except ImportError as err:
+        return f"math left to MathJax at run time ({err})"
+    exe = chromium or find_chromium()
+    if exe is None:
+        return "math left to MathJax at run time (no Chromium to typeset it at build time)"
+    pages = [p for p in _pages(out) if MATHJAX_TAGS.search(p.read_text(encoding="utf-8"))]
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(out))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    done, kept = 0, []
+    try:
+        _typeset_pages(out, pages, base, exe, LAUNCH_ARGS, sync_playwright, kept)
+        done = len(pages) - len(kept)
+    except Exception as err:  # noqa: BLE001 - a page left as it was still works at run time
+        return f"math left to MathJax at run time on the pages not done ({err})"
+    finally:
+        server.shutdown()
+        server.server_close()
+    return (f"math typeset at build time on {done} pages (no MathJax script there)"
+            + (f"; MathJax at run time on {', '.join(kept)}" if kept else ""))
+
+
+def _typeset_pages(out, pages, base, exe, launch_args, sync_playwright, kept) -> None:
+    """typeset_math's browser part: each page in `pages` rewritten, or named in `kept`."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=launch_args, headless=True)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        # the book's own script changes formulas' sizes for the screen: not at build time
+        ctx.route("**/_static/book.js*", lambda route: route.abort())
+        page = ctx.new_page()
+        page.set_default_timeout(120_000)
+        for path in pages:
+            rel = path.relative_to(out).as_posix()
+            html = path.read_text(encoding="utf-8")
+            if LIVE_MATH.search(html):
+                kept.append(rel)
+                continue
+            page.goto(base + rel, wait_until="load")
+            got = page.evaluate(TYPESET)
+            found = list(MATH_ELEMENT.finditer(html))
+            if got["errors"] or not got["css"] or len(found) != len(got["math"]):
+                kept.append(rel)
+                continue
+            parts, last = [], 0
+            for m, typeset in zip(found, got["math"], strict=True):
+                parts += [html[last:m.start()],
+                          f'<{m[1]} class="math notranslate nohighlight"{m[2]}>{typeset}'
+                          f"</{m[1]}>"]
+                last = m.end()
+            parts.append(html[last:])
+            static = "../" * rel.count("/") + "_static/"
+            css = got["css"].replace(base + "_static/", static)
+            new = MATHJAX_TAGS.sub("", "".join(parts)).replace(
+                "</head>", f'<style id="MJX-CHTML-styles">{css}</style>\n</head>', 1)
+            path.write_text(new, encoding="utf-8")
+        browser.close()
+
+
 if __name__ == "__main__":
-    print(lighten(Path(sys.argv[1] if len(sys.argv) > 1 else "_build/html")))
+    book = Path(sys.argv[1] if len(sys.argv) > 1 else "_build/html")
+    print(lighten(book))
+    print(typeset_math(book))

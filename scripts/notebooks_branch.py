@@ -3,6 +3,9 @@ repository.branch): the reader notebooks, the library that produced their number
 light environment. The workflow (.github/workflows/book.yml) pushes it after a green check.
 
     python scripts/notebooks_branch.py OUT [COMMIT]      (needs a built book: _build/reader)
+
+It prints the branch's file list (and `assemble` returns it): the launch buttons of the web book
+must name files in it (tests/browser/test_reader_path.py checks every page's buttons against it).
 """
 
 from __future__ import annotations
@@ -44,4 +47,5 @@ if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
     files = assemble(Path(sys.argv[1]).resolve(), sys.argv[2] if len(sys.argv) == 3 else "")
-    print(f"{len(files)} files in {sys.argv[1]}")
+    print(*(f.as_posix() for f in files), sep="\n")
+    print(f"{len(files)} files in {sys.argv[1]}", file=sys.stderr)

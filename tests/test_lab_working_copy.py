@@ -122,3 +122,76 @@ def test_lab_passes_its_options_to_jupyterlab(monkeypatch, tmp_path):
     usage = subprocess.run([sys.executable, str(ROOT / "tasks.py"), "book", "--port", "1"],
                            capture_output=True, text=True, check=False)
     assert usage.returncode == 1 and "usage:" in usage.stderr
+
+
+def glance(path: Path) -> None:
+    """What JupyterLab does to a notebook the reader only opens (then autosaves): it rewrites the
+    metadata (kernelspec's display name, language_info, "collapsed" on folded cells) and, once
+    the reader runs it, adds outputs and execution counts; the cells stay as they were."""
+    nb = nbformat.read(str(path), as_version=4)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                 "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.2"}
+    nb.cells[1].metadata["collapsed"] = True
+    nb.cells[1].execution_count = 1
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    nbformat.write(nb, str(path), version=4)
+
+
+def test_cells_digest_ignores_metadata_and_outputs_only(tmp_path):
+    """The hashing rule: a notebook is the reader's only when its cells' types or sources
+    changed."""
+    reader = tmp_path / "reader"
+    build(reader, "1", names=("07_sapo",))
+    path = reader / "07_sapo.ipynb"
+    before = tasks._cells_digest(path)
+    raw = tasks._sha256(path)
+    glance(path)
+    assert tasks._sha256(path) != raw  # the file did change...
+    assert tasks._cells_digest(path) == before  # ...but not its cells
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[1].source = "x = 2"  # an edited cell
+    nbformat.write(nb, str(path))
+    assert tasks._cells_digest(path) != before
+    nb.cells[1].source = "x = 1"
+    nb.cells[1].cell_type = "markdown"  # the same text, another kind of cell
+    nb.cells[1].pop("outputs")
+    nb.cells[1].pop("execution_count")
+    nbformat.write(nb, str(path))
+    assert tasks._cells_digest(path) != before
+    (tmp_path / "junk.ipynb").write_text("not json")
+    assert tasks._cells_digest(tmp_path / "junk.ipynb") == tasks._sha256(tmp_path / "junk.ipynb")
+
+
+def test_a_notebook_only_opened_follows_the_build(tmp_path):
+    """A notebook JupyterLab opened and autosaved (metadata rewritten), or that the reader ran,
+    is not the reader's: the next build replaces it, with no note and no .new-build copy."""
+    reader, mine = tmp_path / "reader", tmp_path / "notebooks"
+    build(reader, "1")
+    tasks.sync_working_copy(reader, mine)
+    glance(mine / "07_sapo.ipynb")
+    assert tasks.sync_working_copy(reader, mine) == []  # same build: kept as it is (outputs too)
+    assert nbformat.read(str(mine / "07_sapo.ipynb"), as_version=4).cells[1].outputs
+    build(reader, "2")
+    assert tasks.sync_working_copy(reader, mine) == []
+    assert heading(mine / "07_sapo.ipynb") == "# 07_sapo, build 2"
+    assert not (mine / "07_sapo.new-build.ipynb").exists()
+
+
+def test_a_record_from_before_cell_digests_still_counts(tmp_path):
+    """A working copy made by an older `lab` records whole-file SHA-256s: an untouched notebook
+    still follows the build, an edited one is still kept."""
+    import json
+
+    reader, mine = tmp_path / "reader", tmp_path / "notebooks"
+    build(reader, "1")
+    tasks.sync_working_copy(reader, mine)
+    manifest = mine / tasks.COPIES_MANIFEST
+    manifest.write_text(json.dumps({p.name: tasks._sha256(p) for p in mine.glob("*.ipynb")}))
+    edit(mine / "07_sapo.ipynb", "mine = 1")
+    build(reader, "2")
+    notes = tasks.sync_working_copy(reader, mine)
+    assert heading(mine / "11_training_lab.ipynb") == "# 11_training_lab, build 2"
+    assert heading(mine / "07_sapo.ipynb") == "# 07_sapo, build 1"
+    assert notes == ["07_sapo.ipynb: kept your version; the new build's is "
+                     "07_sapo.new-build.ipynb"]

@@ -106,7 +106,8 @@ INSPECT = r"""() => {
       .concat([...document.querySelectorAll('a[name]')].map(a => a.name)),
     copy: document.querySelectorAll('button.copybtn').length,
     code: document.querySelectorAll('div.highlight pre').length,
-    mathjax: !!window.MathJax,
+    // typeset: by MathJax here, or at build time (scripts/lighter_assets.py: typeset_math)
+    mathjax: !!window.MathJax || (math.length > 0 && untypeset.length === 0),
   };
 }"""
 
@@ -197,7 +198,25 @@ FORMULAS = r"""async () => {
                               box: Math.round(box.width), why,
                               display: m.getAttribute('display') === 'true'});
   }
-  return {cut, n: document.querySelectorAll('mjx-container[display="true"]').length,
+  // every formula whose box scrolls to show it (more than 2 px hidden): does it show that it
+  // scrolls (R4)? A phone draws no scroll bar until one scrolls, so the box itself must.
+  const scrolling = [...document.querySelectorAll('.bd-article mjx-container')]
+    .filter(m => m.getClientRects().length && scrolls(m) && m.scrollWidth > m.clientWidth + 2)
+    .map(m => {
+      const cs = getComputedStyle(m);
+      const shadow = m.classList.contains('rlg-scrolls') && /gradient/.test(cs.backgroundImage);
+      // the line under a display formula: shown, under it, inside the column
+      const block = m.parentElement.matches('div.math') ? m.parentElement : m;
+      const hint = block.nextElementSibling, b = block.getBoundingClientRect();
+      const h = hint && hint.classList.contains('rlg-swipe') ? hint.getBoundingClientRect() : null;
+      const drawn = (m.querySelector('mjx-math') || m).getBoundingClientRect();
+      const words = !!h && h.height > 0 && getComputedStyle(hint).visibility === 'visible'
+        && h.top >= drawn.bottom - 1 && h.left >= b.left - 1 && h.right <= b.right + 1
+        && /swipe|scroll/.test(hint.textContent);
+      return {tex: m.textContent.slice(0, 60), width: m.scrollWidth, box: m.clientWidth,
+              display: m.getAttribute('display') === 'true', shadow, words};
+    });
+  return {cut, scrolling, n: document.querySelectorAll('mjx-container[display="true"]').length,
           scrollWidth: doc.scrollWidth, clientWidth: screen};
 }"""
 

@@ -50,13 +50,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def lab_server(notebooks: list[str], timeout: float = 90):
-    """Yields (base_url, token, folder) of a running JupyterLab serving copies of `notebooks`."""
+def lab_server(notebooks: list[str], timeout: float = 90, settings_extra: dict | None = None):
+    """Yields (base_url, token, folder) of a running JupyterLab serving copies of `notebooks`
+    (`settings_extra`: more JupyterLab settings, {plugin: values}, over SETTINGS)."""
     folder = Path(tempfile.mkdtemp(prefix="rlgates-lab-"))
     for name in notebooks:
         shutil.copy2(READER / name, folder / name)
     settings = folder / ".settings"
-    for plugin, values in SETTINGS.items():
+    for plugin, values in {**SETTINGS, **(settings_extra or {})}.items():
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))

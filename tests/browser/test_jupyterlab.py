@@ -10,13 +10,18 @@ measured by benchmarks/jupyterlab_slider.py, not here.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
+import shutil
+import time
 
 import pytest
 from bookserver import SCREENSHOTS
 from labdriver import (
     READER,
+    ROOT,
     errors,
     jupyterlab_missing,
     lab_server,
@@ -95,4 +100,59 @@ def test_chapter_runs_reads_and_redraws_in_jupyterlab(lab, offline):
     # the set-up cell found rlgates and installed nothing; no request left localhost
     setup = page.locator(".jp-CodeCell").first
     assert "pip" not in setup.locator(".jp-OutputArea").inner_text()
+    assert ctx.blocked == []
+
+
+GLANCED = "02_ppo_case_by_case.ipynb"  # a chapter the reader only opens
+
+
+def _tasks():
+    spec = importlib.util.spec_from_file_location("tasks", ROOT / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    return tasks
+
+
+def test_a_notebook_only_opened_and_autosaved_follows_the_next_build(offline, tmp_path):
+    """`tasks.py lab`'s working copy, in a real JupyterLab: the reader opens a chapter and does
+    nothing; JupyterLab rewrites its metadata and autosaves it (every 2 s here, 120 s by
+    default). The file on disk changed, its cells did not: the next build's version replaces it,
+    with no "kept your version" note and no .new-build copy (R3)."""
+    _need(None if (READER / GLANCED).is_file() else
+          f"no reader notebook {READER / GLANCED}: build the book (python3 tasks.py book)")
+    _need(jupyterlab_missing())
+    tasks = _tasks()
+    build1, build2 = tmp_path / "build1", tmp_path / "build2"
+    build1.mkdir()
+    build2.mkdir()
+    shutil.copy2(READER / GLANCED, build1 / GLANCED)
+    nb = json.loads((READER / GLANCED).read_text(encoding="utf-8"))
+    first = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
+    first["source"] = "".join(first["source"]) + "\n\n(a newer build)"
+    (build2 / GLANCED).write_text(json.dumps(nb, indent=1), encoding="utf-8")
+    autosave = {"@jupyterlab/docmanager-extension/plugin": {"autosave": True,
+                                                           "autosaveInterval": 2}}
+    with lab_server([], settings_extra=autosave) as (base, token, folder):
+        assert tasks.sync_working_copy(build1, folder) == []  # what `tasks.py lab` does first
+        mine = folder / GLANCED
+        copied = mine.read_bytes()
+        ctx = offline(viewport={"width": 1280, "height": 900})
+        page = ctx.context.new_page()
+        open_notebook(page, base, token, GLANCED)
+        deadline = time.monotonic() + 60
+        while mine.read_bytes() == copied and time.monotonic() < deadline:
+            time.sleep(0.5)
+        shots = SCREENSHOTS / "jupyterlab"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=shots / "02-opened-autosaved.png")
+        page.close()
+        assert mine.read_bytes() != copied, "JupyterLab did not autosave the opened notebook"
+        saved = json.loads(mine.read_text(encoding="utf-8"))
+        print("metadata JupyterLab wrote:", sorted(saved["metadata"]),
+              saved["metadata"].get("kernelspec", {}).get("display_name"))
+        assert tasks._cells_digest(mine) == tasks._cells_digest(build1 / GLANCED)
+        notes = tasks.sync_working_copy(build2, folder)
+        assert notes == [], notes
+        assert mine.read_bytes() == (build2 / GLANCED).read_bytes()
+        assert not (folder / GLANCED.replace(".ipynb", ".new-build.ipynb")).exists()
     assert ctx.blocked == []

@@ -42,6 +42,22 @@ def test_every_formula_fits_or_scrolls(formulas):
     assert not bad, f"{len(bad)} formulas cut:\n" + "\n".join(bad)
 
 
+def test_a_formula_that_scrolls_says_so(formulas):
+    """A formula wider than its box scrolls (test above), but a phone draws no scroll bar until
+    one scrolls: a formula cut at the column's edge reads as a cut formula. Every formula whose
+    box hides more than 2 px of it shows that it scrolls: an edge shadow (book.js rlg-scrolls,
+    book.css), and under a display formula a line saying to swipe (R4)."""
+    bad = [f"{rel} {label}: {'display' if f['display'] else 'inline'} {f['tex']!r} "
+           f"({f['width']} px in a {f['box']} px box): "
+           + ("no edge shadow" if not f["shadow"] else "no 'swipe' line under it")
+           for (label, rel), m in formulas.items() for f in m.get("scrolling", [])
+           if not f["shadow"] or (f["display"] and not f["words"])]
+    seen = sum(len(m.get("scrolling", [])) for (label, _), m in formulas.items()
+               if label == "phone")
+    print(f"{seen} formulas scroll at 390 px")
+    assert not bad, f"{len(bad)} formulas scroll with nothing to say so:\n" + "\n".join(bad)
+
+
 def test_no_page_wider_than_a_phone(formulas):
     """At 390 px no page lays out wider than the screen (the page would pan sideways)."""
     bad = [f"{rel}: {m['scrollWidth']} px wide on a {PHONE['width']} px screen "
