@@ -550,9 +550,10 @@ def plot_profiles(*methods, log_ratio_lim=2.0, adv=(1.0, -1.0), axes=None, n=801
     return axes[0][0].figure
 
 
-def plot_runs(runs: dict, key: str, ax=None, colors=None, label=True):
+def plot_runs(runs: dict, key: str, ax=None, colors=None, label=True, limits=None):
     """Lab runs {label: [LabResult per seed]}: the mean of `key` over seeds against the training
-    step, with its 95 % interval as a band. A registered method's label gets its colour."""
+    step, with its 95 % interval as a band. A registered method's label gets its colour.
+    limits: (low, high) the metric cannot leave (a share: (0, 1)); the band is cut there."""
     import matplotlib.pyplot as plt
 
     from .lab.report import curves, method_color, t975
@@ -564,10 +565,12 @@ def plot_runs(runs: dict, key: str, ax=None, colors=None, label=True):
         steps = results[0].metrics["step"][: c.shape[1]]
         mean, n = c.mean(0), c.shape[0]
         half = t975(n - 1) * c.std(0) / math.sqrt(n) if n > 1 else 0 * mean
+        low, high = mean - half, mean + half
+        if limits is not None:
+            low, high = low.clamp(min=limits[0]), high.clamp(max=limits[1])
         color = (colors or {}).get(name) or method_color(name, f"C{i}")
         ax.plot(steps, mean.numpy(), color=color, lw=1.8, label=name if label else None)
-        ax.fill_between(steps, (mean - half).numpy(), (mean + half).numpy(), color=color,
-                        alpha=0.18, lw=0)
+        ax.fill_between(steps, low.numpy(), high.numpy(), color=color, alpha=0.18, lw=0)
     ax.set_xlabel("training step")
     ax.set_ylabel(key)
     return ax
@@ -577,8 +580,9 @@ def plot_shut_by_sign(results, ax=None, title=None):
     """One method's lab runs [LabResult per seed]: the share of tokens whose gate is shut, for
     A > 0 (red, `clipfrac_pos`) and A < 0 (blue, `clipfrac_neg`), mean and 95 % band."""
     ax = plot_runs({"$A_t > 0$": results}, "clipfrac_pos", ax=ax,
-                   colors={"$A_t > 0$": ENCOURAGE})
-    plot_runs({"$A_t < 0$": results}, "clipfrac_neg", ax=ax, colors={"$A_t < 0$": DISCOURAGE})
+                   colors={"$A_t > 0$": ENCOURAGE}, limits=(0, 1))
+    plot_runs({"$A_t < 0$": results}, "clipfrac_neg", ax=ax, colors={"$A_t < 0$": DISCOURAGE},
+              limits=(0, 1))
     ax.set_ylabel("share of tokens shut")
     if title:
         ax.set_title(title)

@@ -600,3 +600,28 @@ def test_effect_table_from_runs_and_from_differences():
     assert "| up − base | a shift of 0.1 | +0.100 |" in table
     assert "Holm's correction over these 2 comparisons" in table
     assert lab.effect_table(dict(eff)).count("\n|") == 3
+
+
+def test_a_share_band_stays_between_0_and_1():
+    """plot_shut_by_sign cuts its 95 % band at 0 and 1 (a share cannot leave them; R16), while
+    plot_runs without limits draws the plain band (the control reaches below 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlgates import figures
+
+    class Run:  # the two metrics a shut-by-sign plot reads, ten seeds near 0
+        def __init__(self, v):
+            self.metrics = {"step": [1, 2, 3], "clipfrac_pos": [v, 0.0, v],
+                            "clipfrac_neg": [0.0, v, 0.0]}
+
+    runs = [Run(v) for v in (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3)]
+    ax = figures.plot_shut_by_sign(runs)
+    lows = [p.get_paths()[0].vertices[:, 1].min() for p in ax.collections]
+    assert min(lows) >= 0.0
+    _, ax2 = plt.subplots()
+    figures.plot_runs({"x": runs}, "clipfrac_pos", ax=ax2)
+    assert ax2.collections[0].get_paths()[0].vertices[:, 1].min() < 0
+    plt.close("all")
