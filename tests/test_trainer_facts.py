@@ -351,7 +351,7 @@ def test_conventions_edges():
 
 def test_conventions_and_readme_clamp():
     """'verl clamps the token log-ratio at ±20 as rlgates does, but GSPO's sequence log-ratio
-    at +10 on one side only; TRL does not clamp.'"""
+    at +10 on one side only; TRL clamps only in its VESPO loss.'"""
     from rlgates import _numerics
 
     core = "verl/trainer/ppo/core_algos.py"
@@ -369,13 +369,17 @@ def test_conventions_and_readme_clamp():
     assert "verl clamps the token log-ratio at $\\pm 20$ as `rlgates` does in `vanilla` (its " \
         "default), `dppo_tv`, `dppo_kl`, `sapo` and `cispo`, and GSPO's sequence log-ratio at " \
         "$+10$ on one side only; its `clip_cov`, `kl_cov` and `geo_mean` do not clamp" in page
-    assert "TRL does not clamp." in page
+    assert "TRL does not clamp the ratio of its clip, SAPO and CISPO losses; its VESPO clamps " \
+        "each token's log-ratio at $\\pm 20$." in page
+    facts.says("trl/trainer/grpo_trainer.py",  # VESPO's gamma weights: the one TRL clamp
+               "log_ratio_clamped = torch.clamp(log_ratio_per_token, -20.0, 20.0)",
+               name="GRPOTrainer.get_gamma_weights")
     for loss in ("clip_cov", "kl_cov"):  # the ones the page says do not clamp
         assert "min=-20.0" not in facts.code(core, f"compute_policy_loss_{loss}"), loss
     facts.says(core, "# negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, "
                "max=20.0)", name="compute_policy_loss_geo_mean")  # commented out
-    assert "as verl does (TRL does not clamp, and verl's GSPO clamps at +10 on one side)" in \
-        _page("README.md")
+    assert "as verl does (TRL clamps only in its VESPO loss, and verl's GSPO at +10 on one " \
+        "side)" in _page("README.md")
 
 
 def test_conventions_empty_rows():
