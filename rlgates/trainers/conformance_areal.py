@@ -241,9 +241,10 @@ def areal_rows() -> list[Row]:
                   settings={**decoupled, "actor.m2_threshold": 0.04},
                   note=("M2PO (arXiv:2510.01161): drops the tokens of largest "
                         "(log π_behave − log π_prox)² until the mean of the rest is below the "
-                        "threshold (0.04, AReaL's examples/math/gsm8k_m2po.yaml). No rlgates "
-                        "method selects them: the test takes AReaL's selection "
-                        "(_apply_m2po_masking) as a 0/1 is_weight. The micro-batch's loss then "
+                        "threshold (0.04, AReaL's examples/math/gsm8k_m2po.yaml): the tokens "
+                        "rlgates.offpolicy's m2po correction keeps (tested against AReaL's "
+                        "_apply_m2po_masking); the row's test takes AReaL's selection as a 0/1 "
+                        "is_weight. The micro-batch's loss then "
                         "divides by the kept tokens while the engine weighs it by all of them: "
                         "equal with rlgates.trainers.loss(..., norm=kept tokens) (tested).")),
     ]

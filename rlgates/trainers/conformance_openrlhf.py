@@ -230,11 +230,14 @@ def openrlhf_rows() -> list[Row]:
                      note=SAMPLER + "IcePop: the token weight, 0 outside [0.5, 5]; a dropped "
                                     "token still counts in the token mean."),
         openrlhf_row("ppo", name="is_correction:seq-mask-tis", side=("sampler_logp",),
-                     settings=seq_mask, status="partial",
+                     settings=seq_mask,
+                     correction={"correction": "seq_mask_tis", "level": "sequence", "low": 0.5,
+                                 "high": 5.0},
                      note=SAMPLER + "seq-mask-tis keeps a response iff its geometric-mean "
                                     "weight exp(mean_t log w_t) lies in [0.5, 5] and weighs "
-                                    "each kept token by its own w_t (rlgates' sequence level is "
-                                    "the product Π_t w_t): " + NO_RLGATES_RULE),
+                                    "each kept token by its own w_t: rlgates.offpolicy's "
+                                    "seq_mask_tis (its sequence-level TIS and IcePop weigh by "
+                                    "the product Π_t w_t instead)."),
         openrlhf_row("ppo", name="is_correction:binary_kl", side=("sampler_logp",),
                      settings={f"{_IS}level": "token", f"{_IS}gating": "binary_kl",
                                f"{_IS}threshold": [0.0, 0.05]}, status="partial",
