@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 #: Ratio edges the batch straddles: (ρ, what it is). Each appears at ρ·0.99 and ρ·1.01 in an
@@ -160,3 +161,18 @@ def check(b: HardBatch) -> None:
     dprob = (b.logp.exp() - b.logp_old.exp())[m]
     assert (dprob > 0.2).any() and (dprob < -0.2).any() and (dprob.abs() < 0.2).any()
     assert b.logp_old[m].exp().min() < 0.01 and b.logp_old[m].exp().max() > 0.9
+
+
+def advantages(b: HardBatch, per_token: bool):
+    """[B, T] advantages for the trainer, and what rlgates is given: [B] per row, or the same
+    [B, T]."""
+    if per_token:
+        return b.adv_tokens, b.adv_tokens
+    return b.adv[:, None].expand_as(b.logp).contiguous(), b.adv
+
+
+def assert_equal(ours, ref, rel=1e-12):
+    """(value, gradient) pairs equal to `rel`, the conformance tests' float64 tolerance."""
+    (v, g), (v_ref, g_ref) = ours, ref
+    assert float(v) == pytest.approx(float(v_ref), rel=rel, abs=1e-15)
+    torch.testing.assert_close(g, g_ref, rtol=rel, atol=1e-15)

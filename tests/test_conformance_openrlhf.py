@@ -31,6 +31,7 @@ from rlgates import trainers as rt
 from rlgates.trainers import conformance
 from rlgates.trainers import conformance_openrlhf as co
 from tests import conformance_batch as cb
+from tests.conformance_batch import advantages, assert_equal
 
 pytestmark = pytest.mark.skipif(
     not co.installed(),
@@ -87,18 +88,6 @@ def rlgates_loss(row, b, adv, logp_old=None, is_weight=None, method=None):
                     agg=row.agg, is_weight=is_weight)
     value.backward()
     return value.detach(), leaf.grad
-
-
-def advantages(b, per_token):
-    if per_token:
-        return b.adv_tokens, b.adv_tokens
-    return b.adv[:, None].expand_as(b.logp).contiguous(), b.adv
-
-
-def assert_equal(ours, ref, rel=TOL):
-    (v, g), (v_ref, g_ref) = ours, ref
-    assert float(v) == pytest.approx(float(v_ref), rel=rel, abs=1e-15)
-    torch.testing.assert_close(g, g_ref, rtol=rel, atol=1e-15)
 
 
 def assert_gate_acts(row, b, adv, g_ref, **kw):

@@ -22,6 +22,7 @@ from rlgates import offpolicy
 from rlgates import trainers as rt
 from rlgates.trainers import conformance, conformance_verl
 from tests import conformance_batch as cb
+from tests.conformance_batch import advantages, assert_equal
 
 pytestmark = pytest.mark.xdist_group("trainers")  # one worker imports verl (see test_trainers)
 
@@ -106,19 +107,6 @@ def rlgates_loss(row, b, adv, **kw):
     value = rt.loss(m, leaf, b.logp_old, adv, b.mask, agg=row.agg, **kw)
     value.backward()
     return value.detach(), leaf.grad
-
-
-def advantages(b, per_token):
-    """[B, T] advantages for verl, and what rlgates is given: [B] per row, or the same [B, T]."""
-    if per_token:
-        return b.adv_tokens, b.adv_tokens
-    return b.adv[:, None].expand_as(b.logp).contiguous(), b.adv
-
-
-def assert_equal(ours, ref, rel):
-    (v, g), (v_ref, g_ref) = ours, ref
-    assert float(v) == pytest.approx(float(v_ref), rel=rel, abs=1e-15)
-    torch.testing.assert_close(g, g_ref, rtol=rel, atol=1e-15)
 
 
 def assert_gate_acts(row, b, adv, g_ref):
