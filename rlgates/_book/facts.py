@@ -49,8 +49,9 @@ TRL_CONFIG_CLASSES = (("trl/trainer/grpo_config.py", "GRPOConfig"),
 VERL_CONFIG = "verl/trainer/config/_generated_ppo_trainer.yaml"
 
 
-def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)  # a top-level package: found, not imported
+def package_dir(name: str) -> Path | None:
+    """Where the top-level package `name` is installed (found, not imported), or None."""
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
@@ -58,7 +59,7 @@ def _package_dir(name: str) -> Path | None:
 
 def installed() -> bool:
     """Both trainers are installed (`requirements.txt` pins them; Binder installs neither)."""
-    return _package_dir("trl") is not None and _package_dir("verl") is not None
+    return package_dir("trl") is not None and package_dir("verl") is not None
 
 
 def versions() -> dict:
@@ -68,7 +69,7 @@ def versions() -> dict:
 def path(relative: str) -> Path:
     """An installed file, named from its package: "verl/trainer/ppo/core_algos.py"."""
     package, _, rest = relative.partition("/")
-    root = _package_dir(package)
+    root = package_dir(package)
     if root is None:
         raise ModuleNotFoundError(f"{package} is not installed", name=package)
     return root / rest

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .._book import facts
 from ..methods import get
 from . import AREAL_AGG, EXTRA_VERSIONS, flags
 from ._row import Row
@@ -45,10 +46,7 @@ _MODULE = "_rlgates_areal_functional"
 
 def package_dir() -> Path | None:
     """Where AReaL is installed (found, not imported), or None."""
-    spec = importlib.util.find_spec("areal")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    return facts.package_dir("areal")
 
 
 def installed() -> bool:

@@ -28,6 +28,7 @@ import sys
 import types
 from pathlib import Path
 
+from .._book import facts
 from ..methods import get
 from . import EXTRA_VERSIONS, flags
 from ._row import Row
@@ -58,10 +59,7 @@ POLICY_LOSS_ARGS = {
 
 def package_dir() -> Path | None:
     """Where OpenRLHF is installed (found, not imported), or None."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    return facts.package_dir("openrlhf")
 
 
 def installed() -> bool:
