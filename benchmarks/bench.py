@@ -12,7 +12,7 @@ order alternating between repeats so that neither always runs second. It prints 
 each, their ratio (rlgates / reference) with the min-max of the repeats' paired ratios, and at
 the smallest size the difference of the medians in µs: the fixed cost of rlgates' input checks.
 
-The sizes (DESIGN.md, "Performance"), and the targets the summary checks:
+The sizes, and the targets the summary checks (README.md, "Benchmark"):
     512 tokens   32x16      a chapter demo         rlgates - reference < 100 µs a call
     8,960        1120x8     the lab's minibatch    ratio ≤ 1.15
     1M           1024x1024                         ratio ≤ 1.25
@@ -58,9 +58,9 @@ SIZES = ["32x16", "1120x8", "1024x1024"]
 
 
 def target(tokens):
-    """DESIGN.md's target at this size: ("us", the most rlgates - reference may take a call) up
-    to 4k tokens (a chapter demo), ("ratio", the most rlgates / reference) above: 1.15 up to
-    128k (a lab minibatch), 1.25 beyond (1M)."""
+    """The target at this size (README.md, "Benchmark"): ("us", the most rlgates - reference
+    may take a call) up to 4k tokens (a chapter demo), ("ratio", the most rlgates / reference)
+    above: 1.15 up to 128k (a lab minibatch), 1.25 beyond (1M)."""
     if tokens <= 2**12:
         return "us", 100.0
     return "ratio", 1.15 if tokens <= 2**17 else 1.25

@@ -5,6 +5,7 @@ test unregisters what it registered, even when it fails."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import sys
@@ -74,28 +75,31 @@ def _import(tmp_path, name, source):
         sys.path.remove(str(tmp_path))
 
 
+@contextlib.contextmanager
+def _registered(tmp_path, module, source, registered, unregister):
+    """Import `source` as `module`, and on the way out unregister whatever it registered (even
+    after a failure) and forget the module."""
+    before = set(registered())
+    try:
+        _import(tmp_path, module, source)
+        yield
+    finally:
+        for name in set(registered()) - before:
+            unregister(name)
+        sys.modules.pop(module, None)
+
+
 @pytest.fixture
 def new_method(tmp_path):
-    before = set(rlgates.names())
-    try:
-        _import(tmp_path, "recipe_method", METHOD_MODULE)
+    with _registered(tmp_path, "recipe_method", METHOD_MODULE, rlgates.names, rlgates.unregister):
         yield "tanh_gate"
-    finally:
-        for name in set(rlgates.names()) - before:
-            rlgates.unregister(name)
-        sys.modules.pop("recipe_method", None)
 
 
 @pytest.fixture
 def new_diagnostic(tmp_path):
-    before = set(diagnostics.keys())
-    try:
-        _import(tmp_path, "recipe_diagnostic", DIAGNOSTIC_MODULE)
+    with _registered(tmp_path, "recipe_diagnostic", DIAGNOSTIC_MODULE, diagnostics.keys,
+                     diagnostics.unregister):
         yield "shut_pos"
-    finally:
-        for key in set(diagnostics.keys()) - before:
-            diagnostics.unregister(key)
-        sys.modules.pop("recipe_diagnostic", None)
 
 
 def test_add_a_method_is_one_class(new_method):

@@ -251,9 +251,9 @@ def flag_table(names=None, trainers=("verl", "trl")) -> str:
 #: aggregation of the policy loss.
 DEFAULT_COLUMNS = ("cispo", "dual_clip_c", "kl_cov", "opsm_delta", "agg")
 _NONE = "no such loss"
-#: Trainers not installed here: values from the project's field notes (shared/reviews/
-#: field-notes.md, sections 2 and 2.9), read there from the file and release named in `source`.
-#: "not stated": the notes do not give it.
+#: Trainers not installed here: values cited from each trainer's public source, at the file and
+#: release named in `source` (not read from an installed package). "not stated": not found
+#: there.
 _NOTED = (
     {"trainer": "SkyRL", "release": "skyrl 0.4.0",
      "source": "skyrl/train/config/config.py, skyrl/backends/skyrl_train/utils/ppo_utils.py",
@@ -305,9 +305,9 @@ def defaults_across_trainers() -> list[dict]:
     """The settings that differ across trainers, one dict per trainer: `DEFAULT_COLUMNS`, the
     trainer's release and the file the values are read from, and `installed`: True for verl,
     TRL, OpenRLHF and AReaL (each value asserted against the installed package:
-    `installed_defaults`), False for SkyRL, ROLL, slime, NeMo-RL and prime-rl (values from the
-    project's field notes, shared/reviews/field-notes.md, which cite the file and release;
-    not read from an installed package here)."""
+    `installed_defaults`), False for SkyRL, ROLL, slime, NeMo-RL and prime-rl (values cited from
+    their public source at the file and release each row names; not read from an installed
+    package here)."""
     return ([{**r, "installed": True} for r in _INSTALLED]
             + [{**r, "installed": False} for r in _NOTED])
 
@@ -346,7 +346,8 @@ def installed_defaults(trainer: str) -> dict:
 
         d = config_defaults()
         return {"dual_clip_c": d["c_clip"], "agg": AREAL_AGG}
-    raise ValueError(f"{trainer!r} is not installed here: its row comes from the field notes")
+    raise ValueError(f"{trainer!r} is not installed here: its row is cited from its source, "
+                     "at the file and release the row names")
 
 
 def check_installed_defaults() -> list[str]:
@@ -417,7 +418,7 @@ def defaults_table() -> str:
             "OPSM δ", "default aggregation", "read from")
     return markdown(((f"{r['trainer']} ({r['release']})", *(r[c] for c in DEFAULT_COLUMNS),
                       f"`{r['source']}`" + ("" if r["installed"]
-                                            else " (field notes; not installed here)"))
+                                            else " (cited; not installed here)"))
                      for r in defaults_across_trainers()), head)
 
 
