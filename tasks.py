@@ -132,7 +132,8 @@ def execute_chapters() -> None:
     passed to _build/executed with its outputs (scripts/nbval_record.py, which also prints each
     notebook's time). Those outputs then fill the book's jupyter-cache (scripts/prime_cache.py).
     A failing chapter stops the run, named. Figures use the inline backend, as in the book
-    (MPLBACKEND=Agg would show none)."""
+    (MPLBACKEND=Agg would show none); RLGATES_PHONE_FIGURES=1 adds each figure's phone version
+    to its output's metadata (rlgates/_book/png.py; scripts/phone_figures.py serves it)."""
     shutil.rmtree(EXECUTED, ignore_errors=True)
     chapter_notebooks()
     rc = sh("notebooks (nbval)", PY, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:randomly",
@@ -140,6 +141,7 @@ def execute_chapters() -> None:
             "-p", "nbval_record", "--nbval-record", EXECUTED,
             "chapters", check=False,
             env={**TEST_ENV, "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+                 "RLGATES_PHONE_FIGURES": "1",  # phone versions of figures, for the web book
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
                                                              os.environ.get("PYTHONPATH")]))})
     if rc != 0:
@@ -162,7 +164,9 @@ def build_book(step: str = "book") -> None:
     shutil.rmtree(BOOK_HTML, ignore_errors=True)
     # --all: re-read every page. Sphinx otherwise keeps a page whose source file did not change,
     # with its old outputs, even when the library under it (and so the cached run) changed.
-    sh(step, BIN / "jupyter-book", "build", ".", "--all", "-W", "-n", "--keep-going")
+    # RLGATES_PHONE_FIGURES: the pages the build itself runs (index.md) get phone figures too
+    sh(step, BIN / "jupyter-book", "build", ".", "--all", "-W", "-n", "--keep-going",
+       env={"RLGATES_PHONE_FIGURES": "1"})
 
 
 def ensure_jupyterlab() -> None:
@@ -201,6 +205,8 @@ def ensure_chromium() -> None:
 
 
 def summary() -> None:
+    if not TIMINGS and not RUNNING:  # no step ran (`lab` with everything in place): no table
+        return
     for job in RUNNING:  # a step failed while others ran beside it: stop them
         job.proc.kill()
         job.proc.wait()
@@ -366,7 +372,10 @@ def lab(args: list[str] = ()) -> None:
         build_book()
     summary()
     notes = sync_working_copy(READER / "chapters", WORKING_COPY)
-    cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={WORKING_COPY}", *args]
+    # news_url=None: JupyterLab fetches no news, so it asks no "Would you like to get notified
+    # about official Jupyter news?" question
+    cmd = [str(BIN / "jupyter-lab"), f"--ServerApp.root_dir={WORKING_COPY}", *args,
+           "--LabApp.news_url=None"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # Jupyter refuses to run as root without it
     print(f"\nyour notebooks: {WORKING_COPY} (no build deletes them; a notebook you changed is "

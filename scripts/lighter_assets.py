@@ -15,6 +15,8 @@ the theme's style sheets, icon fonts and scripts, cut to what the built pages us
   (no design components in the book) and sphinx-thebe's (no live-code button).
 - The theme's Bootstrap bundle (81 kB) is replaced by scripts/bootstrap_lite.js (2 kB), which
   does what the pages use of it: the dropdown menus, the tooltips (as titles), back to top.
+- Figures on a phone (scripts/phone_figures.py, first): a figure with a phone version (its
+  panels stacked, drawn when the chapters ran) shows it below 600 px, in a <picture>.
 - Math typeset at build time (`typeset_math`, after the rest): each page is opened once in
   headless Chromium, the book's MathJax typesets it as it would in a reader's browser, and the
   typeset formulas and the CHTML style sheet MathJax made for them are written into the page,
@@ -273,8 +275,11 @@ def unlink_unused_assets(out: Path) -> int:
 
 def lighten(out: Path) -> str:
     """Everything above, on the built book in `out`; a one-line summary."""
+    import phone_figures  # scripts/, beside this file
+
     out = Path(out)
     static = out / "_static"
+    phones = phone_figures.add_phone_figures(out)
     n_pages = unlink_unused_assets(out)
     used = used_classes(out)
     sheets = {p: p.read_text(encoding="utf-8") for p in static.rglob("*.css")
@@ -294,7 +299,8 @@ def lighten(out: Path) -> str:
     after = sum(len(t) for t in sheets.values())
     fa = ", ".join(f"{k} {a // 1000} -> {b // 1000} kB" for k, (a, b) in fonts.items())
     return (f"theme style sheets {before // 1000} -> {after // 1000} kB; icon fonts: {fa}; "
-            f"{n_pages} pages with bootstrap-lite.js, without sphinx-design's, -thebe's assets")
+            f"{n_pages} pages with bootstrap-lite.js, without sphinx-design's, -thebe's assets; "
+            f"{phones}")
 
 
 

@@ -118,8 +118,9 @@ MEASURE = r"""async () => {
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
   const art = document.querySelector('article.bd-article');
   const R = el => el.getBoundingClientRect();
+  // src: the image shown (a <picture> may show its phone version); full: the <img>'s own
   const figures = [...art.querySelectorAll('.cell_output img')].map(i => ({
-    src: i.currentSrc || i.src, natural: i.naturalWidth, shown: R(i).width,
+    src: i.currentSrc || i.src, full: i.src, natural: i.naturalWidth, shown: R(i).width,
     ratio: (R(i).height / R(i).width) / (i.naturalHeight / i.naturalWidth),
     link: i.closest('a') ? i.closest('a').href : null,
     caption: ((i.closest('figure') || {}).textContent || '').trim().slice(0, 60)}));

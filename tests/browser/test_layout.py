@@ -23,6 +23,7 @@ from rlgates.notebook import FONT_SIZE
 pytestmark = pytest.mark.browser
 
 MIN_TEXT_PX = 9.0  # figure text as displayed at 1280 px
+PHONE_MIN_TEXT_PX = 8.0  # the smallest figure text as displayed at 390 px (review item R7)
 TABLE1_ROW_MAX_PX = 230  # the review found Table 1 rows 230-490 px tall
 
 
@@ -72,8 +73,9 @@ def test_figures_legible_on_desktop(book_dir, measured):
 
 
 def test_figures_open_full_size_on_a_phone(measured):
-    """At 390 px every figure fits the screen and is a link to its own full-size image (tap to
-    zoom); the page never scrolls sideways."""
+    """At 390 px every figure fits the screen and is a link to its own full-size image, the
+    laptop one (tap to zoom), even where the page shows its phone version; the page never
+    scrolls sideways."""
     bad = []
     for rel, m in _chapters(measured, "phone").items():
         if m["overflow"] > 1:
@@ -81,9 +83,39 @@ def test_figures_open_full_size_on_a_phone(measured):
         for k, f in enumerate(m["figures"]):
             if f["shown"] > PHONE["width"]:
                 bad.append(f"{rel} figure {k}: {f['shown']:.0f} px wide")
-            if not f["link"] or urlsplit(f["link"]).path != urlsplit(f["src"]).path:
+            full, shown = urlsplit(f["full"]).path, urlsplit(f["src"]).path
+            if not f["link"] or urlsplit(f["link"]).path != full:
                 bad.append(f"{rel} figure {k}: not linked to its full-size image ({f['link']})")
+            if shown not in (full, full.removesuffix(".png") + ".phone.png"):
+                bad.append(f"{rel} figure {k}: shows {shown}, neither {full} nor its phone PNG")
     assert not bad, "\n".join(bad)
+
+
+def test_figures_legible_on_a_phone(book_dir, measured):
+    """At 390 px every figure keeps its aspect ratio, and its smallest text, as displayed in the
+    column, is at least 8 px: read from the PNG actually shown (img.currentSrc), which for a
+    figure too wide for the column is its phone version, panels stacked
+    (scripts/phone_figures.py)."""
+    sizes, small, n = [], [], 0
+    for rel, m in _chapters(measured, "phone").items():
+        for k, f in enumerate(m["figures"]):
+            assert abs(f["ratio"] - 1) < 0.02, (rel, k, f)  # no squashed figure
+            meta = png_text(book_dir, f["src"])
+            if "rlgates:px-per-inch" not in meta:
+                continue
+            n += 1
+            shown_ppi = f["shown"] * float(meta["rlgates:px-per-inch"]) / f["natural"]
+            px = float(meta.get("rlgates:min-font-pt", FONT_SIZE)) / 72 * shown_ppi
+            sizes.append(px)
+            if px < PHONE_MIN_TEXT_PX:
+                small.append(f"{rel} figure {k} ({f['caption']}): smallest text "
+                             f"{meta.get('rlgates:min-font-pt', FONT_SIZE)} pt shows at "
+                             f"{px:.1f} px ({Path(urlsplit(f['src']).path).name})")
+    assert n >= 10, f"only {n} figures carry rlgates' PNG metadata: is rlgates.setup in use?"
+    sizes.sort()
+    assert not small, (f"{len(small)} of {n} figures (smallest text at 390 px: min "
+                       f"{sizes[0]:.1f}, median {sizes[len(sizes) // 2]:.1f} px)\n"
+                       + "\n".join(small))
 
 
 def test_code_fits_on_desktop(measured):
