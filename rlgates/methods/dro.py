@@ -51,9 +51,13 @@ class DRO(Method):
     log_ratio_lim = 1.5
     slider_ranges = {"beta": (0.05, 5.0, 0.05)}
     param_labels = {**Method.param_labels, "beta": "β"}
-    # no web explorer: near A = 0 the gate's ridge (1 − β log ρ / A)/ρ is steeper than the
-    # explorer's grid can draw faithfully (its colours then differ from the plane's)
-    explorer = None
+    # near A = 0 the gate grows like 1/A and the colours saturate, as in the chapter's plane;
+    # the divisor is _nonzero(A) as in `gate` below (gate 0 at A = 0)
+    explorer = {
+        "gate": ("a === 0 ? 0 : (1 - p.beta * Math.log(r) / (a < 0 ? Math.min(a, "
+                 "-2.2250738585072014e-308) : Math.max(a, 2.2250738585072014e-308))) / r"),
+        "bounds": "[]",
+    }
     f_latex = (r"1+\log\rho_t-\frac{\beta(\log\rho_t)^2}{2A_t}\quad"
                r"\big(\text{loss: }A_t\log\pi_\theta-\tfrac{\beta}{2}(\log\rho_t)^2\big)")
     gate_latex = r"\Big(1-\frac{\beta\log\rho_t}{A_t}\Big)\Big/\rho_t\quad(A_t\neq 0)"

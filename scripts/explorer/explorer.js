@@ -3,8 +3,9 @@
  *
  * Everything comes from rlgates at build time (rlgates/_book/explorer_data.py -> window.RLGATES_EXPLORER):
  * methods, defaults, slider ranges, axis limits, colour map, and each method's gate as JavaScript
- * (`Method.explorer`: {"gate": expression in r = ρ, a = A and p = hyperparameters, "bounds":
- * expression giving [[ratio, side], ...], side +1 for A > 0, -1 for A < 0, 0 for both}).
+ * (`Method.explorer`, or explorer_data.BOOK_JS for DRO: {"gate": expression in r = ρ, a = A and
+ * p = hyperparameters, "bounds": expression giving [[ratio, side], ...], side +1 for A > 0, -1
+ * for A < 0, 0 for both}).
  * tests/browser checks the compiled gates against rlgates at sampled points.
  */
 (function () {
@@ -315,9 +316,11 @@
     this.root.appendChild(this.info);
     // where the reader pointed (or tapped), marked on both panels: they share the (A, log ρ) plane
     this.markers = this.canvases.map(function () { return el("div", { class: "gx-marker", hidden: "" }); });
-    this.root.appendChild(el("div", { class: "gx-panels" }, this.canvases.concat(this.markers)));
+    // the readout between the panels: under both when they sit side by side, between them when
+    // they are one under the other (explorer.css); never sticky, so it covers neither
+    this.root.appendChild(el("div", { class: "gx-panels" },
+      [this.canvases[0], this.readout, this.canvases[1]].concat(this.markers)));
     this.root.appendChild(this.note);
-    this.root.appendChild(this.readout);
     this.root.appendChild(el("p", { class: "gx-python" }, [el("span", { text: "in Python: " }), this.code]));
     this.canvases.forEach(function (c, k) {
       c.addEventListener("pointermove", function (ev) { self.hover(ev, k); });
@@ -340,10 +343,16 @@
       const sc = sliderScale(p);
       const input = el("input", { type: "range", id: id, min: sc.min, max: sc.max,
         step: sc.step, "data-param": p.key });
+      // the track is filled up to the thumb (explorer.css: --gx-fill)
+      const fill = function () {
+        input.style.setProperty("--gx-fill", (100 * (+input.value - sc.min) / (sc.max - sc.min)) + "%");
+      };
       input.value = String(sc.toPos(p.default));
+      fill();
       out.textContent = fmt(p.default);
       const set = function (v) {
         self.values[p.key] = v;
+        fill();
         out.textContent = fmt(v);
         input.setAttribute("aria-valuetext", fmt(v));
         self.schedule();

@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import torch
 from bookserver import LOCAL_HOSTS, Offline
-from crawl import DESKTOP, open_page
+from crawl import DESKTOP, WIDTHS, open_page
 
 import rlgates
 from rlgates._book.explorer_data import colormap, explorer_methods
@@ -225,11 +225,16 @@ def test_explorer_offers_every_method(explorer):
     assert explorer.locator("article mjx-container").count() > 5
     offered = explorer.eval_on_selector_all("#gx-method option", "os => os.map(o => o.value)")
     assert offered == explorer_methods()
-    # every registered gate of (ρ, A) alone, none listed here (a side-input one has no JS;
-    # DRO's class says why it has none), and at least the article's methods
-    assert {n for n in rlgates.names() if not rlgates.REGISTRY[n].side_inputs
-            and rlgates.REGISTRY[n].explorer is not None} <= set(offered)
+    # every registered gate of (ρ, A) alone, DRO's included, none listed here (a method whose
+    # gate reads side inputs cannot be drawn on the (A, log ρ) plane), and the article's methods
+    assert {n for n in rlgates.names() if not rlgates.REGISTRY[n].side_inputs} <= set(offered)
     assert {n for n in rlgates.names() if rlgates.REGISTRY[n].article_row} <= set(offered)
+    # the line under the widget names each method left out, from the registry
+    note = explorer.text_content(".rlg-explorer-omitted")
+    left = [rlgates.REGISTRY[n] for n in rlgates.names() if n not in offered]
+    assert f"offers {len(offered)} of the {len(rlgates.names())} methods" in note, note
+    assert all(m.title in note and m.side_inputs for m in left), note
+    assert "DRO" not in note, note
 
 
 def test_explorer_gate_matches_rlgates(explorer):
@@ -257,12 +262,26 @@ def test_explorer_panels_show_rlgates_plane(explorer):
     """At each method's defaults the drawn grids equal rlgates.plane on the same axes, and the
     canvas pixels carry rlgates.plane.CMAP's colour for rlgates' value there."""
     cmap = colormap()
+
+    def near(values, a, lr, lim, vmax):
+        """The colours of rlgates' values in the grid cell nearest (a, lr) and its neighbours
+        (a pixel on a cell's edge may show the next one; DRO's gate changes steeply from cell
+        to cell near A = 0), each ±1 colour index."""
+        n = values.shape[0]
+        i, j = round((lr + lim) / (2 * lim) * (n - 1)), round((a + 1) / 2 * (n - 1))
+        out = set()
+        for v in values[max(0, i - 1): i + 2, max(0, j - 1): j + 2].flatten().tolist():
+            idx = min(255, max(0, math.floor((v + vmax) / (2 * vmax) * 256)))
+            out |= {cmap[k] for k in range(max(0, idx - 1), min(256, idx + 2))}
+        return out
+
     for name in explorer_methods():
         explorer.select_option("#gx-method", name)
         grid = explorer.evaluate(GRID_JS, 8)
         m = rlgates.get(name)
         p = rlgates.plane(m, 1.0, grid["lim"], int(grid["n"]))
         signed = (torch.sign(torch.from_numpy(p.adv))[None, :] * torch.from_numpy(p.gate))
+        signal = torch.from_numpy(p.signal)
         want_g = signed[::8, ::8].flatten().tolist()
         want_s = p.signal[::8, ::8].flatten().tolist()
         assert max(abs(a - b) for a, b in zip(grid["g"], want_g, strict=True)) <= 1e-9, name
@@ -287,12 +306,10 @@ def test_explorer_panels_show_rlgates_plane(explorer):
           }));
         }""", [[c[0], c[1]] for c in checks])
         for (a, lr, gate, sig), (pg, ps) in zip(checks, px, strict=True):
-            for value, vmax, pixel in ((gate, 1.0, pg), (sig, grid["smax"], ps)):
-                # the neighbouring grid cell may be the one drawn: accept its colour too
-                idx = min(255, max(0, math.floor((value + vmax) / (2 * vmax) * 256)))
-                ok = {cmap[i] for i in range(max(0, idx - 3), min(256, idx + 4))}
+            for value, values, vmax, pixel in ((gate, signed, 1.0, pg),
+                                               (sig, signal, grid["smax"], ps)):
                 got = "#" + "".join(f"{v:02x}" for v in pixel)
-                assert got in ok, (name, a, lr, value, got, cmap[idx])
+                assert got in near(values, a, lr, grid["lim"], vmax), (name, a, lr, value, got)
 
 
 def _canvases(page):
@@ -458,3 +475,141 @@ def test_explorer_eps_high_has_fine_control(explorer):
     _settle(explorer)
     assert explorer.evaluate("() => window.RLGatesExplorer.explorer.values.eps_high") == \
         pytest.approx(got["moved"] - step)
+
+
+# ---- the explorer at 1280 and 390 px: DRO, touch targets, where the readout sits (R11) -------
+@pytest.fixture(scope="module", params=["desktop", "phone"])
+def explorer_at(request, base_url, browser):
+    """The explorer opened at DRO (explorer.html#dro) at 1280 px with a mouse and at 390 px with
+    touch: (width label, page, problems, requests that left localhost)."""
+    viewport, kwargs = WIDTHS[request.param]
+    ctx = Offline(browser, route=True, viewport=viewport, **kwargs)
+    problems: list[str] = []
+    page = open_page(ctx, base_url + "explorer.html#dro", problems, f"explorer {request.param}")
+    page.wait_for_selector("#gx-method option", state="attached")
+    page.wait_for_selector(".gx-formula mjx-container")
+    yield request.param, page, problems, ctx.blocked
+    page.close()
+    ctx.close()
+
+
+def _touch(page, label: str, panel: str, a: float, log_ratio: float) -> tuple[float, float]:
+    """Centre a panel ("gate" or "signal") in the window, then point at (A, log ρ) on it: a tap
+    at 390 px, the mouse at 1280 px. Returns the point in window coordinates."""
+    x, y = page.evaluate("""([k, a, l]) => {
+      const p = window.RLGatesExplorer.explorer.panels[k];
+      p.canvas.scrollIntoView({block: "center"});
+      const r = p.canvas.getBoundingClientRect();
+      return [r.left + p.X(a), r.top + p.Y(l)];
+    }""", [0 if panel == "gate" else 1, a, log_ratio])
+    if label == "phone":
+        page.touchscreen.tap(x, y)
+    else:
+        page.mouse.move(x, y)
+    _settle(page)
+    return x, y
+
+
+def test_explorer_dro_reads_rlgates_where_tapped(explorer_at):
+    """DRO (a gate of (ρ, A) whose edge moves with |A|) opens from its link, has its β slider,
+    and the readout at a tapped (pointed-at) point shows rlgates' DRO gate and signal there,
+    also after β moves."""
+    label, page, problems, blocked = explorer_at
+    offered = page.eval_on_selector_all("#gx-method option", "os => os.map(o => o.value)")
+    assert "dro" in offered, offered
+    page.click(".gx-reset")  # DRO at its defaults
+    assert page.evaluate("() => window.RLGatesExplorer.explorer.method.name") == "dro"
+    assert page.locator("#gx-beta").count() == 1
+    lim = page.evaluate("() => window.RLGatesExplorer.explorer.lim")
+    for panel, a, lr in (("gate", 0.5, 0.3), ("gate", -0.05, -1.0), ("signal", 0.8, 1.2),
+                         ("signal", -0.7, 0.6)):
+        _touch(page, label, panel, a, lr)
+        at = page.evaluate("() => window.RLGatesExplorer.explorer.readoutAt")
+        assert at[0] == pytest.approx(a, abs=0.02) and at[1] == pytest.approx(lr, abs=0.02 * lim)
+        gate = _readout_matches_rlgates(page)
+        assert gate != 0 and page.text_content(".gx-readout").startswith("DRO at "), (a, lr)
+    slider = page.locator("#gx-beta")
+    slider.focus()
+    for _ in range(10):
+        slider.press("ArrowRight")
+    _settle(page)
+    assert page.evaluate("() => window.RLGatesExplorer.explorer.values.beta") == pytest.approx(1.5)
+    _readout_matches_rlgates(page)
+    assert 'rlgates.get("dro", beta=1.5)' in page.text_content(".gx-code")
+    assert not problems and not blocked, problems + blocked
+
+
+THUMB_RED = (0xB2, 0x18, 0x2B)
+
+
+def test_explorer_touch_targets(explorer_at):
+    """Sliders 24 px tall at least (WCAG 2.2's target size; the CSS asks 32) with a thumb about
+    20 px across, and 16 px text in the menu, the button and the inputs (iOS Safari zooms the
+    page when a control with smaller text is focused), at 1280 and at 390 px."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    label, page, problems, blocked = explorer_at
+    controls = page.evaluate("""() => [...document.querySelectorAll(
+        '#rlgates-explorer select, #rlgates-explorer button, #rlgates-explorer input')]
+      .map(e => ({what: e.tagName + '#' + e.id, type: e.type,
+                  height: e.getBoundingClientRect().height,
+                  font: parseFloat(getComputedStyle(e).fontSize)}))""")
+    assert any(c["type"] == "range" for c in controls), controls
+    small = [c for c in controls if c["font"] < 16 or c["height"] < 24]
+    assert not small, (label, small)
+    # the thumb: the rows of the slider's picture that hold its red (the filled track is 6 px)
+    slider = page.locator("#rlgates-explorer input[type=range]").first
+    slider.evaluate("e => e.scrollIntoView({block: 'center'})")
+    img = Image.open(BytesIO(slider.screenshot(scale="css"))).convert("RGB")
+    px = img.load()
+    rows = [y for y in range(img.height)
+            if any(max(abs(c - t) for c, t in zip(px[x, y], THUMB_RED, strict=True)) <= 40
+                   for x in range(img.width))]
+    assert rows and rows[-1] - rows[0] + 1 >= 18, (label, rows)
+    assert not problems and not blocked, problems + blocked
+
+
+READOUT_OVERLAP_JS = """() => {
+  const box = s => { const b = document.querySelector(s).getBoundingClientRect();
+                     return [b.left, b.top, b.right, b.bottom]; };
+  const r = box('.gx-readout'), hit = [];
+  for (const s of ['.gx-sliders', '.gx-formula', '#gx-gate', '#gx-signal']) {
+    const b = box(s);
+    if (r[0] < b[2] && b[0] < r[2] && r[1] < b[3] && b[1] < r[3]) hit.push(s);
+  }
+  return hit;
+}"""
+
+
+def test_explorer_readout_covers_no_panel(explorer_at):
+    """Wherever the page is scrolled, the readout covers neither the formula, the sliders nor a
+    panel (it was sticky, over the formula at 1280 px and the second panel at 390 px); after a
+    tap on either panel, centred in the window, it is on screen; and a long readout does not
+    move the panel under it."""
+    label, page, problems, blocked = explorer_at
+    top, bottom, height = page.evaluate("""() => {
+      const b = document.querySelector('#rlgates-explorer').getBoundingClientRect();
+      return [b.top + scrollY, b.bottom + scrollY, innerHeight]; }""")
+    covered = []
+    for y in range(max(0, int(top - height)), int(bottom), 40):
+        page.evaluate("y => window.scrollTo(0, y)", y)
+        if hit := page.evaluate(READOUT_OVERLAP_JS):
+            covered.append((y, hit))
+    assert not covered, (label, covered)
+    page.select_option("#gx-method", "dapo_dual_clip")  # a long title
+    _settle(page)
+    where = "() => document.querySelector('#gx-signal').getBoundingClientRect().top + scrollY"
+    for panel in ("gate", "signal"):
+        _touch(page, label, panel, 0.3, 0.1)  # open: a short readout
+        shown = page.evaluate("""() => { const b = document.querySelector('.gx-readout')
+          .getBoundingClientRect(); return [b.top, b.bottom, innerHeight]; }""")
+        assert 0 <= shown[0] and shown[1] <= shown[2], (label, panel, shown)
+        assert not page.evaluate(READOUT_OVERLAP_JS), (label, panel)
+    before = page.evaluate(where)
+    _touch(page, label, "gate", -0.5551, -0.4123)  # shut: the longest readout
+    assert "no gradient" in page.text_content(".gx-readout")
+    assert page.evaluate(where) == pytest.approx(before, abs=0.5), label
+    assert not page.evaluate(READOUT_OVERLAP_JS), label
+    assert not problems and not blocked, problems + blocked
