@@ -12,9 +12,10 @@
  * 5. A formula that still scrolls after 1. (a phone) is marked rlg-scrolls: book.css draws a
  *    shadow at the edge that hides more of it, since phones show no scroll bar until one scrolls.
  * 6. The sidebar toggles in the article header (the hamburger and "On this page") work:
- *    pydata-sphinx-theme 0.17 listens only on the first .primary-toggle / .secondary-toggle,
- *    the header bar's, hidden; a click on any other is forwarded to it (so the drawer opens on a
- *    phone, and the sidebar collapses at >= 992 px, sphinx-book-theme's own handler).
+ *    pydata-sphinx-theme 0.17 listens only on the first .primary-toggle / .secondary-toggle;
+ *    were there a header bar (the book has none: scripts/book_web.py), that would be its hidden
+ *    one, and a click on any other is forwarded to it (so the drawer opens on a phone, and the
+ *    sidebar collapses at >= 992 px, sphinx-book-theme's own handler).
  * 7. The enlarged figure (3.) is a history entry: Back closes it, as on any phone overlay.
  * 8. Until MathJax has typeset the page, its TeX source is not shown (book.css: rlg-math-pending;
  *    on a slow link that is seconds of "\(|A|\)"); after 20 s without MathJax it shows.

@@ -1,4 +1,5 @@
-"""Sphinx extension (see _config.yml): the API reference page (api.md) from rlgates' docstrings.
+"""Sphinx extension (see _config.yml): the API reference (one page per module, api/*.md, which
+api.md links) from rlgates' docstrings.
 
 autodoc finds every public name; its docstring is shown as written, in literal blocks, so that
 the formula-first plain-text style of the docstrings (Σ, ρ, indented cases) needs no reST markup

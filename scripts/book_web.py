@@ -21,6 +21,9 @@
   the glossary, ...) shows neither the launch buttons nor an .ipynb download.
 - Every page's footer says what the book is: its licences (code MIT, text and figures CC BY 4.0),
   how to cite it (from CITATION.cff), the rlgates version and the build's date and commit.
+- Every page's <head> has its own description and Open Graph tags, for a link preview (its title,
+  its first sentences: page_description); the home page's <title> names the book once. No header
+  bar: its only item was a second search field beside the sidebar's.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def _config_inited(app, config):
     # absolute paths: Sphinx joins them to the conf dir unchanged
     config.html_static_path = [*config.html_static_path, str(offline_assets.VENDOR),
                                str(EXPLORER_STATIC)]
-    config.html_theme_options = {**(config.html_theme_options or {}),
+    # navbar_persistent: no header bar. pydata-sphinx-theme 0.17 puts a search field there unless
+    # the option is set, and sphinx-book-theme's sidebar has its own: two Search stops (R17)
+    config.html_theme_options = {**(config.html_theme_options or {}), "navbar_persistent": [],
                                  "extra_footer": footer_html(Path(app.srcdir))}
 
 
@@ -130,19 +135,70 @@ def _launch_buttons(app, pagename, templatename, context, doctree):
         context.pop("ipynb_source", None)
 
 
+#: TeX in a description (plain text): the book's few symbols, then macros and braces dropped
+TEX_SYMBOLS = {"rho": "ρ", "pi": "π", "theta": "θ", "varepsilon": "ε", "epsilon": "ε",
+               "nabla": "∇", "cdot": "·", "log": "log ", "beta": "β", "mu": "μ", "sigma": "σ"}
+#: pages with no prose of their own: (title, description)
+GENERATED_PAGES = {
+    "search": ("Search", "Search the book's pages."),
+    "genindex": ("Index", "The book's index: every name of the rlgates API and every glossary "
+                          "term, in alphabetical order."),
+    "py-modindex": ("Python Module Index", "The modules of rlgates, each linked to its API page."),
+}
+DESCRIPTION_LIMIT = 200
+
+
+def tex_to_text(tex: str) -> str:
+    """$\\pi_{\\text{ref}}$ -> π_ref, $(A, \\log\\rho)$ -> (A, log ρ): math readable as text."""
+    tex = re.sub(r"\\(?:text|rm|mathrm|operatorname)\s*\{([^{}]*)\}", r"\1", tex)
+    tex = re.sub(r"\\rm\s*", "", tex)
+    tex = re.sub(r"\\([A-Za-z]+)\s*", lambda m: TEX_SYMBOLS.get(m.group(1), ""), tex)
+    tex = re.sub(r"\\[,;:! ]", " ", tex)
+    return " ".join(tex.replace("{", "").replace("}", "").split())
+
+
+def _prose(node) -> str:
+    """A node's text, its math as text (tex_to_text)."""
+    return "".join(tex_to_text(n.astext()) if isinstance(n, nodes.math) else
+                   n.astext() if isinstance(n, nodes.Text) else _prose(n) for n in node.children)
+
+
+def page_description(doctree, limit: int = DESCRIPTION_LIMIT) -> str:
+    """A page's own summary for link previews: the whole sentences of its first paragraph (of
+    the first ones, when that is short) that fit in `limit` characters, or the first sentence cut
+    at a word. A paragraph that a display equation continues (", :" at its end) ends there."""
+    texts = []
+    for p in doctree.findall(nodes.paragraph) if doctree is not None else ():
+        if not isinstance(p.parent, nodes.section):  # not in a cell, list, note or API entry
+            continue
+        text = " ".join(_prose(p).split())
+        texts.append(re.sub(r"[,:;]$", ".", text))
+        if sum(map(len, texts)) >= limit // 2:
+            break
+    out = ""
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z(])", " ".join(texts)):
+        if len(out) + len(sentence) + 1 > limit:
+            break
+        out = f"{out} {sentence}".strip()
+    if not out and texts:
+        out = texts[0][:limit - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+    return out
+
+
 def _page_meta(app, pagename, templatename, context, doctree):
-    """Every page gets a description and Open Graph tags, for a link preview (R17); the home
-    page's <title> is set in _lighter_pages (DOUBLE_TITLE)."""
-    from html import escape
+    """Every page gets a description and Open Graph tags, for a link preview (R17): its title
+    and its own description (page_description); the home page's <title> is set in _lighter_pages
+    (DOUBLE_TITLE)."""
+    from html import escape, unescape
 
     title, docs = context.get("title") or "", context.get("docstitle") or ""
-    desc = getattr(app, "_rlgates_description", None)
-    if desc is None:
+    generated_title, desc = GENERATED_PAGES.get(pagename, ("", page_description(doctree)))
+    if not desc:
         import yaml
 
         cff = yaml.safe_load((Path(app.srcdir) / "CITATION.cff").read_text(encoding="utf-8"))
-        desc = app._rlgates_description = " ".join(str(cff.get("abstract", "")).split())
-    page_title = re.sub(r"<[^>]+>", "", title) or docs
+        desc = " ".join(str(cff.get("abstract", "")).split())
+    page_title = unescape(re.sub(r"<[^>]+>", "", title)) or generated_title or docs
     context["metatags"] = context.get("metatags", "") + (
         f'\n    <meta name="description" content="{escape(desc)}" />'
         f'\n    <meta property="og:title" content="{escape(page_title)}" />'
@@ -212,9 +268,6 @@ def _page_context(app, pagename, templatename, context, doctree):
 #: what a method's side inputs are, for the explorer's note on the methods it leaves out
 SIDE_INPUTS = {"probs_old": "the old policy's probability π_old", "picked": "the batch's pick",
                "entropy": "each token's entropy", "sampler_logp": "the sampler's log-probs"}
-#: why a method with no side inputs is left out (rlgates/methods: the comment at `explorer`)
-NO_EXPLORER = {"dro": "near A = 0 its gate's ridge, (1 − β log ρ / A)/ρ, is steeper than the "
-                      "explorer's grid can draw faithfully"}
 
 
 def explorer_note() -> str:
@@ -234,7 +287,7 @@ def explorer_note() -> str:
         if side:
             reads.setdefault(side, []).append(m.title)
         else:
-            other.append(f"{m.title}: {NO_EXPLORER.get(n, 'it has no browser formula')}")
+            other.append(f"{m.title}: it has no browser formula")
     parts = [*other]
     if reads:
         n_reads = sum(map(len, reads.values()))

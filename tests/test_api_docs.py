@@ -1,5 +1,5 @@
 """scripts/api_docs.py: the API page shows a docstring's prose as plain text and its `>>>`
-examples as Python, on a tiny Sphinx project (a few seconds; the book's api.md uses the same
+examples as Python, on a tiny Sphinx project (a few seconds; the book's api/*.md pages use the same
 extension)."""
 
 from __future__ import annotations
@@ -88,3 +88,49 @@ def test_api_page_shows_prose_plain_and_examples_as_python(tmp_path):
     # this very prose as Python
     coloured = PygmentsBridge("html").highlight_block(DOCSTRING.split("\n\n")[0], "default")
     assert {"n", "k", "kc", "o"} <= _token_classes(coloured)
+
+
+# ----------------------------------------------------------------------------- one page per module
+# (R12: api.md was one 795 kB page). The built pages' sizes: tests/browser/test_head.py.
+AUTOMODULE = re.compile(r"^\.\. automodule:: (\S+)", re.M)
+DOC_LINK = re.compile(r"\{doc\}`[^`<]*<(api/[\w.]+)>`")
+
+
+def _api_pages() -> dict[str, list[str]]:
+    """docname (api/NAME) -> the modules its automodule directives document."""
+    return {f"api/{p.stem}": AUTOMODULE.findall(p.read_text(encoding="utf-8"))
+            for p in sorted((ROOT / "api").glob("*.md"))}
+
+
+def test_api_index_links_one_page_per_module_in_the_toc():
+    import yaml
+
+    pages = _api_pages()
+    assert len(pages) >= 10, pages
+    index = (ROOT / "api.md").read_text(encoding="utf-8")
+    assert "automodule" not in index  # the index is short: links only
+    linked = DOC_LINK.findall(index)
+    assert sorted(linked) == sorted(pages), (linked, list(pages))
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    entries = [c for part in toc["parts"] for c in part["chapters"]]
+    api = next(c for c in entries if c["file"] == "api")
+    assert [s["file"] for s in api.get("sections", [])] == linked  # in the index's order
+
+
+def test_every_module_is_documented_on_one_page():
+    import importlib
+
+    where: dict[str, str] = {}
+    for page, modules in _api_pages().items():
+        assert modules, f"{page} documents no module"
+        for module in modules:
+            assert module not in where, f"{module} on {where[module]} and {page}"
+            where[module] = page
+            importlib.import_module(module)  # autodoc would warn, and the strict build fail
+    # the top level and each public subpackage of rlgates have a page of their own
+    for name in ("rlgates", "rlgates.methods", "rlgates.lab", "rlgates.trainers",
+                 "rlgates.inspect", "rlgates.reference"):
+        assert name in where, name
+    # chapter 21 points at 'the API reference's section "Capture a trainer's batches"'
+    inspect = (ROOT / f"{where['rlgates.inspect.capture']}.md").read_text(encoding="utf-8")
+    assert "\n## Capture a trainer's batches" in inspect

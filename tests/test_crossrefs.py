@@ -35,7 +35,9 @@ WITH_TEXT = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
 
 
 def sources() -> list[Path]:
-    return sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md")) + [ROOT / p for p in PAGES]
+    """The chapters, the book's other pages, and the API reference's module pages (api/)."""
+    return (sorted((ROOT / "chapters").glob("[0-9][0-9]_*.md")) + [ROOT / p for p in PAGES]
+            + sorted((ROOT / "api").glob("*.md")))
 
 
 # ----------------------------------------------------------------------------- the prose
