@@ -18,7 +18,14 @@ that reads well anywhere:
 - `hide-input` and `remove-cell` cells are folded the way Jupyter folds cells
   (`jupyter.source_hidden`, `jupyter.outputs_hidden`; Colab reads `cellView: form`);
 - a first code cell installs rlgates from the repository (`repository.url` in _config.yml) when it
-  is missing, and makes `from myst_nb import glue` work where myst-nb is not installed.
+  is missing (when that fails it stops "Run All" with one line: the local alternative), warns
+  when the installed rlgates is not the version the notebook was made with, turns on Colab's
+  widget manager, and makes `from myst_nb import glue` work where myst-nb is not installed;
+- a chapter that guards its trainer cells (rlgates.trainers.guard_notebook, chapter 14) is run
+  once more where TRL and verl cannot be imported, as on Colab or Binder: the cells that then
+  only print what to install are counted in the notebook's header, and the output each gave in
+  the build (which had the trainers; their versions read from the installed distributions) is
+  folded under it, as solutions are.
 
 Code cells outside solutions are copied unchanged (outputs dropped), so the chapter's own
 execution (nbval's, once per check) executes them; the added first cell is tested on its own
@@ -57,6 +64,7 @@ MATH_LABEL = re.compile(r"^\$\$\s*\((?P<label>[^()\s]+)\)\s*$")
 TAG = re.compile(r"\\tag\*?\{([^{}]*)\}")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 REF_WITH_TEXT = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
+FOLD_THEN_TEXT = re.compile(r"^</details>\n\s*\n(?=\S)", re.M)
 
 ADMONITIONS = {"note", "tip", "hint", "important", "warning", "caution", "attention", "danger",
                "error", "seealso", "admonition", "dropdown", "margin", "sidebar", "topic"}
@@ -64,6 +72,7 @@ EXERCISE_DIRECTIVES = {"exercise", "exercise-start", "exercise-end", "solution",
                        "solution-start", "solution-end"}
 
 INSTALL_TAG = "rlgates-reader-setup"
+TRAINERS = ("trl", "verl")  # chapter 14's trainers, which Colab and Binder do not install
 SOURCE_BRANCH = "main"  # the branch that holds the sources: {repo} links point there
 REPLACED_GLUE = "application/papermill.record/"
 
@@ -117,16 +126,50 @@ def pages_url(repo_url: str) -> str:
     return f"https://{m.group(1).lower()}.github.io/{m.group(2)}/"
 
 
-def install_cell_source(repo_url: str, branch: str) -> str:
-    return f'''#@title Set-up for Colab and Binder (does nothing where rlgates is installed)
+def install_cell_source(repo_url: str, branch: str, version: str) -> str:
+    """The reader notebook's first code cell. Where rlgates is missing (Colab, Binder's first
+    run) it installs it from the repository's `branch`, saying so first; when that fails
+    (offline, or before the workflow has published the branch) it stops "Run All" with one line,
+    the local alternative, instead of pip's message and a traceback in every later cell (IPython
+    shows an exception's `_render_traceback_()` lines as its traceback). It warns when the
+    installed rlgates is not the `version` the notebook was made with, turns on Colab's widget
+    manager (the sliders are ipywidgets 8), and stands in for myst_nb.glue."""
+    source = f"git+{repo_url}@{branch}"
+    folder = repo_url.rstrip("/").rsplit("/", 1)[-1]
+    return f'''# Set-up for Colab and Binder: installs rlgates where it is missing
 import importlib.util
 import subprocess
 import sys
 import types
 
+BUILT_WITH = "{version}"  # the rlgates this notebook was made with
+SOURCE = "{source}"
+
 if importlib.util.find_spec("rlgates") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
-                           "rlgates[widgets] @ git+{repo_url}@{branch}"])
+    print(f"installing rlgates from {{SOURCE}} (a minute or two)", flush=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                          f"rlgates[widgets] @ {{SOURCE}}"], capture_output=True, text=True)
+    if pip.returncode != 0:
+        class SetupFailed(Exception):
+            def _render_traceback_(self):  # one line in the notebook, not a traceback
+                return [str(self)]
+
+        raise SetupFailed(
+            "rlgates could not be installed (offline, or the branch is not reachable; "
+            "print(pip.stderr) says why). Instead run it locally: git clone {repo_url} "
+            "&& cd {folder} && python3 tasks.py lab")
+    importlib.invalidate_caches()
+import rlgates
+
+if rlgates.__version__ != BUILT_WITH:
+    print(f"warning: rlgates {{rlgates.__version__}} is installed, this notebook was made with "
+          f"{{BUILT_WITH}}: pip install --force-reinstall 'rlgates[widgets] @ {{SOURCE}}'")
+try:  # Colab draws ipywidgets 8 (the sliders) with its custom widget manager
+    from google.colab import output as colab_output
+
+    colab_output.enable_custom_widget_manager()
+except ImportError:
+    pass
 if importlib.util.find_spec("myst_nb") is None:
     # the chapters glue numbers into the book's text with myst_nb.glue; here they are
     # already in the text, so a stand-in that only shows what it is asked to show
@@ -158,6 +201,10 @@ class Book:
     titles: dict[str, str] = field(default_factory=dict)  # docname -> first heading
     problems: list[str] = field(default_factory=list)
     terms: set[str] = field(default_factory=set)  # glossary terms, lower-cased; empty: unchecked
+    version: str = ""  # rlgates's version (pyproject.toml): the set-up cell compares with it
+    #: the trainers installed when the book was built ({"trl": ..., "verl": ...}, read from
+    #: their distributions), which ran the chapters: empty when either was missing
+    trainers: dict[str, str] = field(default_factory=dict)
 
     @property
     def web(self) -> str:
@@ -446,7 +493,11 @@ class Page:
                 result.extend(self.details(title, _trim(run)))
             elif not title:
                 result.extend(run)
-        return "\n".join(result).strip("\n") if any(x.strip() for x in result) else ""
+        if not any(x.strip() for x in result):
+            return ""
+        # a folded block has no margin in JupyterLab: text after it in the same cell would touch
+        # its summary line ("Solution to Exercise 7.2" right above "Exercise 7.3")
+        return FOLD_THEN_TEXT.sub("</details>\n<br>\n\n", "\n".join(result).strip("\n"))
 
     def math_block(self, block: list[str]) -> list[str]:
         """`$$ ... $$ (label)` or a block opened by `$$`: drop the label, keep or add a tag."""
@@ -628,6 +679,8 @@ def unsignposted(source: str) -> str:
 
 
 SOLUTION_TAG = "rlgates-solution"  # a solution's code, shown as text: Run All does not run it
+RECORDED_TAG = "rlgates-recorded"  # a trainer cell's output in the build, shown as text
+OUTPUT_LABEL = "**Output:**"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -663,7 +716,9 @@ def solution_cell(cell, outputs: list | None, title: str):
     reader runs one by copying its code into a cell."""
     shown = output_markdown(outputs or [])
     what = "its code (copy it into a cell to run it)" + (" and its output" if shown else "")
-    body = ["```python", *cell.source.splitlines(), "```", *shown]
+    # the output labelled: JupyterLab draws code and text output alike, one monospace block
+    body = ["```python", *cell.source.splitlines(), "```", *(["", OUTPUT_LABEL, *shown]
+                                                             if shown else [])]
     md = nbformat.v4.new_markdown_cell("\n".join(Page.details(f"{title}: {what}", body)))
     md.metadata["tags"] = [SOLUTION_TAG]
     if getattr(cell, "id", None):
@@ -679,25 +734,44 @@ def _executed_outputs(nb, executed) -> list:
     return [c.get("outputs", []) for c in executed.cells]
 
 
-def reader_notebook(doc: str, nb, book: Book, executed=None):
+def trainer_names(versions: dict[str, str]) -> str:
+    """"TRL 1.16.0 and verl 0.9.1": the trainers' names as the book writes them."""
+    titles = {"trl": "TRL", "verl": "verl"}
+    return " and ".join(f"{titles.get(k, k)} {v}" for k, v in sorted(versions.items()))
+
+
+def recorded_cell(cell, outputs: list, versions: dict[str, str]):
+    """A trainer cell's output in the book's build (which had the trainers), as a folded
+    Markdown cell under it: where they are missing (Colab, Binder) the cell only says so."""
+    body = output_markdown(outputs)
+    if not body or not versions:
+        return None
+    title = f"Output recorded when the book was built, with {trainer_names(versions)}"
+    md = nbformat.v4.new_markdown_cell("\n".join(Page.details(title, _trim(body))))
+    md.metadata["tags"] = [RECORDED_TAG]
+    if getattr(cell, "id", None):
+        md.id = f"{cell.id}-recorded"[:64]
+    return md
+
+
+def reader_notebook(doc: str, nb, book: Book, executed=None, trainer_cells=None):
     """The reader notebook of one chapter (nb: the chapter as stored, without outputs;
-    executed: the book build's run of it, for the outputs of solutions)."""
+    executed: the book build's run of it, for the outputs of solutions; trainer_cells: the ids
+    of its code cells that need TRL and verl, `needs_trainers`, or None where none do)."""
     page = Page(doc, book)
     new = copy.deepcopy(nb)
     ran = _executed_outputs(nb, executed)
     cells = []
-    setup = nbformat.v4.new_code_cell(install_cell_source(book.repo_url, book.branch))
+    setup = nbformat.v4.new_code_cell(install_cell_source(book.repo_url, book.branch,
+                                                          book.version))
     setup.metadata["tags"] = [INSTALL_TAG]
     _fold(setup, outputs=False)  # its first line says what it is; a click shows the rest
     setup.id = "reader-setup"
-    header = nbformat.v4.new_markdown_cell(
-        f"*This notebook is the chapter [{book.titles.get(doc, doc)}]({book.page(doc)}) of the "
-        f"book, made to run in Jupyter, Colab or Binder. Run the cells in order; the first one "
-        f"installs `rlgates` when it is missing, from the repository's `{book.branch}` branch. "
-        f"That branch and the book's site exist once the project's workflow has published "
-        f"them; until then the install fails, and a clone of the repository with "
-        f"`python3 tasks.py lab` runs this notebook instead.*")
-    header.id = "reader-header"
+    intro = (f"*This notebook is the chapter [{book.titles.get(doc, doc)}]({book.page(doc)}) "
+             f"of the book, made to run in Jupyter, Colab or Binder. Run the cells in order; "
+             f"the first one installs `rlgates` when it is missing, from the repository's "
+             f"`{book.branch}` branch.*")
+    trainer_cells = set(trainer_cells or ())
     exercises = False  # inside "## Exercises": a worked solution's output is an answer too
     for cell, outputs in zip(new.cells, ran, strict=True):
         tags = set(cell.metadata.get("tags", []))
@@ -726,6 +800,9 @@ def reader_notebook(doc: str, nb, book: Book, executed=None):
             _fold(cell, source=False)
         if not page.in_solution:
             cells.append(cell)
+            if cell.get("id") in trainer_cells and not tags & {"remove-cell", "remove-output"}:
+                shown = recorded_cell(cell, outputs, book.trainers)
+                cells.extend([shown] if shown else [])
         fig = cell.metadata.get("mystnb", {}).get("figure", {})
         if fig.get("caption"):
             anchor = f'<a id="{fig["name"]}"></a>' if fig.get("name") else ""
@@ -738,6 +815,18 @@ def reader_notebook(doc: str, nb, book: Book, executed=None):
             cells.append(cap)
     if page.in_solution:
         page.problem("a {solution-start} without {solution-end}")
+    if trainer_cells:
+        code = [c for c in cells if c.cell_type == "code"]
+        mine = [c for c in code if c.get("id") in trainer_cells]
+        checks = sum("remove-cell" in c.metadata.get("tags", []) for c in mine)
+        recorded = (f" Where one gave an output when the book was built, with "
+                    f"{trainer_names(book.trainers)}, that output is folded under it."
+                    if book.trainers else "")
+        intro += (f"\n\n*{len(mine)} of its {len(code)} code cells ({checks} of them folded "
+                  f"checks) need TRL and verl, which Colab and Binder do not install: there "
+                  f"each of them prints what to install, and the others run.{recorded}*")
+    header = nbformat.v4.new_markdown_cell(intro)
+    header.id = "reader-header"
     new.cells = [header, setup, *cells]
     new.metadata.pop("jupytext", None)
     new.metadata.pop("mystnb", None)
@@ -769,10 +858,51 @@ def chapters(root: Path = ROOT) -> list[str]:
     return [d for d in docs if root / f"{d}.md" in sources]
 
 
+def installed_trainers() -> dict[str, str]:
+    """{"trl": ..., "verl": ...}: the versions installed here (the book's build runs the chapters
+    with them), or {} when either is missing."""
+    import importlib.metadata
+
+    try:
+        return {name: importlib.metadata.version(name) for name in TRAINERS}
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+
+
+def guards_trainers(nb) -> bool:
+    """The chapter runs rlgates.trainers.guard_notebook(): some of its cells need the trainers."""
+    return any(c.cell_type == "code" and "guard_notebook(" in c.source for c in nb.cells)
+
+
+def needs_trainers(reader, folder: Path) -> set[str]:
+    """The ids of the code cells of a reader notebook that need TRL and verl: run it (in
+    `folder`) where they cannot be imported, as on Colab or Binder, and keep the cells that print
+    the guard's line (rlgates/trainers/_guard.py) instead of their output."""
+    from nbclient import NotebookClient
+
+    from rlgates import trainers
+    from rlgates.trainers import _guard
+
+    nb = copy.deepcopy(reader)
+    hidden = sorted(_guard.TRAINER_PACKAGES | _guard.COMES_WITH_THEM)
+    hide = nbformat.v4.new_code_cell(f"import sys\nfor _name in {hidden!r}:\n"
+                                     f"    sys.modules[_name] = None  # cannot be imported")
+    nb.cells.insert(0, hide)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    line = "This cell " + _guard.install_line(trainers.TESTED_VERSIONS)
+    return {c.get("id") for c in nb.cells[1:] if c.cell_type == "code" and any(
+        line in "".join(o.get("text", "")) for o in c.outputs)}
+
+
 def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
+    import tomllib
+
     config = read_config(root)
     url, branch = repository(config)
-    book = Book(url, branch, terms=glossary_terms(root))
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    book = Book(url, branch, terms=glossary_terms(root), version=version,
+                trainers=installed_trainers())
     notebooks = {}
     for doc in chapters(root):
         nb = chapter_sources.read(root / f"{doc}.md")
@@ -806,7 +936,15 @@ def build(root: Path = ROOT, build_dir: Path | None = None) -> tuple[list[Path],
     shutil.rmtree(out_dir, ignore_errors=True)
     written = []
     for doc, nb in notebooks.items():
-        reader = reader_notebook(doc, nb, book, executed_notebook(build_dir, nb))
+        executed = executed_notebook(build_dir, nb)
+        reader = reader_notebook(doc, nb, book, executed)
+        if guards_trainers(nb):
+            try:
+                ids = needs_trainers(reader, (root / doc).parent)
+            except Exception as e:  # a problem: the strict build fails on it
+                book.problems.append(f"{doc}: run without the trainers failed: {e}"[:2000])
+                ids = set()
+            reader = reader_notebook(doc, nb, book, executed, ids)
         nbformat.validate(reader)
         path = out_dir / f"{doc}.ipynb"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,8 @@ def test_dropdown_admonition_is_folded(fence):
     out, _ = convert(f"{fence}{{admonition}} Solution\n:class: dropdown\nThe answer is "
                      f"$x$.\n{fence}\n\nAfter.")
     assert out.startswith("<details>\n<summary><b>Solution</b></summary>\n\nThe answer is $x$.")
-    assert out.rstrip().endswith("</details>\n\nAfter.")
+    # set apart from the text after it (JupyterLab gives a <details> no margin)
+    assert out.rstrip().endswith("</details>\n<br>\n\nAfter.")
     assert rn.myst_leftovers(out) == []
 
 
@@ -202,6 +203,8 @@ def test_exercise_and_gated_solution():
                           ":label: ex-07_x-2\nNext question.\n:::\n\n"
                           ":::{solution-start} ex-07_x-2\n:::")
     assert mixed.index("More of it.") < mixed.index("</details>") < mixed.index("Next question")
+    # the next exercise is set apart from the folded solution above it, in the same cell (R15)
+    assert "</details>\n<br>\n\n<a id=\"ex-07_x-2\"></a>\n**Exercise 7.2**" in mixed
     assert "**Exercise 7.2**" in mixed and "<details>\n<summary><b>Solution to Exercise 7.1" in mixed
     assert page.in_solution == "Solution to Exercise 7.2"
     end = page.markdown(":::{solution-end}\n:::")
@@ -280,6 +283,13 @@ def test_reader_notebook_cells():
     setup = nb.cells[1]
     assert setup.metadata["tags"] == [rn.INSTALL_TAG]
     assert f"git+{URL}@notebooks" in setup.source
+    # folded, JupyterLab shows its first line: plain words, no Colab form markup (R15)
+    assert setup.source.splitlines()[0] == (
+        "# Set-up for Colab and Binder: installs rlgates where it is missing")
+    assert "@title" not in setup.source and "@param" not in setup.source
+    # the header reads the same before and after the branch is published (R14)
+    assert "install fails" not in nb.cells[0].source
+    assert "published" not in nb.cells[0].source
     by_source = {c.source: c for c in nb.cells}
     caption = nb.cells[nb.cells.index(by_source["plt.show()"]) + 1]
     assert caption.cell_type == "markdown" and "> The gate, 2.8." in caption.source
@@ -293,8 +303,8 @@ def test_reader_notebook_cells():
     assert solution.cell_type == "markdown" and solution.metadata["tags"] == [rn.SOLUTION_TAG]
     assert solution.source.splitlines() == [
         "<details>", "<summary><b>Solution to Exercise 7.1: its code (copy it into a cell to run "
-        "it) and its output</b></summary>", "", "```python", "print(2)", "```", "", "```text",
-        "the answer is 2", "```", "", "</details>"]
+        "it) and its output</b></summary>", "", "```python", "print(2)", "```", "",
+        "**Output:**", "", "```text", "the answer is 2", "```", "", "</details>"]
     assert not any("assert 2 == 2" in c.source for c in nb.cells)  # the book's check
     prose = next(c for c in nb.cells if "More prose." in c.source)
     assert prose.source.startswith("<details>")
@@ -307,6 +317,47 @@ def test_reader_notebook_cells():
     alone = rn.reader_notebook("chapters/07_x", src, make_book(), None)
     assert "its code (copy it into a cell to run it)</b>" in next(
         c.source for c in alone.cells if "print(2)" in c.source)
+
+
+def test_trainer_cells_show_their_recorded_output_and_are_counted():
+    """Chapter 14's trainer cells only say what to install where TRL and verl are missing: the
+    header counts them, and each one's output in the build (which had the trainers) is folded
+    under it, labelled with the trainers' versions (R13)."""
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    src = chapter([md("# 7. X"), code("import trl"), code("print(trl.x)"), code("assert trl"),
+                   code("y = 2")])
+    src.cells[3].metadata["tags"] = ["remove-cell"]
+    executed = copy.deepcopy(src)
+    executed.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="0.5\n")]
+    executed.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hidden\n")]
+    trainer_cells = {src.cells[i].id for i in (1, 2, 3)}
+    book = make_book()
+    book.trainers = {"trl": "9.9.1", "verl": "8.8.2"}
+    nb = rn.reader_notebook("chapters/07_x", src, book, executed, trainer_cells)
+    nbformat.validate(nb)
+    assert "*3 of its 4 code cells (1 of them folded checks) need TRL and verl" in \
+        nb.cells[0].source
+    assert "when the book was built, with TRL 9.9.1 and verl 8.8.2, that output is folded" in \
+        nb.cells[0].source
+    recorded = [i for i, c in enumerate(nb.cells) if rn.RECORDED_TAG in c.metadata.get("tags", [])]
+    assert len(recorded) == 1  # import trl printed nothing; the folded check's output stays hidden
+    (i,) = recorded
+    assert nb.cells[i - 1].source == "print(trl.x)"
+    assert nb.cells[i].source.splitlines() == [
+        "<details>", "<summary><b>Output recorded when the book was built, with TRL 9.9.1 and "
+        "verl 8.8.2</b></summary>", "", "```text", "0.5", "```", "", "</details>"]
+    # the code cells are the chapter's, as before (the recorded outputs are Markdown)
+    assert [c.source for c in nb.cells if c.cell_type == "code"][1:] == \
+        ["import trl", "print(trl.x)", rn.FOLD_SIGNPOST + "assert trl", "y = 2"]
+    # built without the trainers: the count, but nothing recorded to show
+    book.trainers = {}
+    bare = rn.reader_notebook("chapters/07_x", src, book, executed, trainer_cells)
+    assert "3 of its 4 code cells" in bare.cells[0].source
+    assert "recorded" not in bare.cells[0].source
+    assert not any(rn.RECORDED_TAG in c.metadata.get("tags", []) for c in bare.cells)
+    # a chapter without trainer cells says nothing about them
+    assert "TRL" not in rn.reader_notebook("chapters/07_x", src, make_book(), executed).cells[
+        0].source
 
 
 def test_output_markdown_kinds():
@@ -323,42 +374,120 @@ def test_output_markdown_kinds():
                      "```text", "6", "```"]
 
 
-def run_setup_cell(source: str, hide: tuple[str, ...]) -> dict:
-    """Run the set-up cell in a fresh interpreter, with some modules made to look missing and
-    pip replaced by a recorder; returns what it did."""
+def run_setup_cell(source: str, hide: tuple[str, ...], colab: bool = False) -> dict:
+    """Run the set-up cell in a fresh interpreter, with some modules made to look missing, pip
+    replaced by a recorder (that succeeds) and, with `colab`, a stand-in google.colab that
+    records its widget-manager call; returns what it did and printed."""
     probe = f"""
-import importlib.util, json, subprocess, sys
-calls = []
+import importlib.util, json, subprocess, sys, types
+calls, manager = [], []
 real = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a: None if name in {hide!r} else real(name, *a)
-subprocess.check_call = lambda cmd, **kw: calls.append(cmd)
+subprocess.run = lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
 for name in {hide!r}:
     sys.modules.pop(name, None)
+if {colab!r}:
+    output = types.SimpleNamespace(enable_custom_widget_manager=lambda: manager.append(1))
+    sys.modules["google"] = types.ModuleType("google")
+    sys.modules["google.colab"] = types.SimpleNamespace(output=output)
 exec(compile({source!r}, "setup-cell", "exec"))
 from myst_nb import glue
 glue("x", 1.5, display=False)
-print(json.dumps({{"calls": calls, "glue": type(sys.modules["myst_nb"]).__name__}}))
+print(json.dumps({{"calls": calls, "glue": type(sys.modules["myst_nb"]).__name__,
+                  "manager": len(manager)}}))
 """
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          cwd=ROOT, timeout=120, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    *printed, result = out.stdout.strip().splitlines()
+    return {**json.loads(result), "printed": printed}
 
 
 def test_setup_cell_installs_only_when_missing():
-    config = rn.read_config()
-    url, branch = rn.repository(config)
-    source = rn.install_cell_source(url, branch)
+    import rlgates
+
+    url, branch = rn.repository(rn.read_config())
+    source = rn.install_cell_source(url, branch, rlgates.__version__)
     local = run_setup_cell(source, hide=())
     assert local["calls"] == [] and local["glue"] == "module"  # locally: nothing happens
-    colab = run_setup_cell(source, hide=("rlgates", "myst_nb"))
+    assert local["printed"] == [] and local["manager"] == 0
+    colab = run_setup_cell(source, hide=("rlgates", "myst_nb"), colab=True)
     assert colab["calls"] == [[sys.executable, "-m", "pip", "install", "-q",
                                f"rlgates[widgets] @ git+{url}@{branch}"]]  # the sliders
     assert colab["glue"] == "SimpleNamespace"  # the stand-in glue
+    # it says what it installs before pip runs (pip -q prints nothing while git clones)
+    assert colab["printed"] == [f"installing rlgates from git+{url}@{branch} (a minute or two)"]
+    assert colab["manager"] == 1  # Colab's widget manager on, for ipywidgets 8
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert any(r.startswith("ipywidgets") for r in extras["widgets"])
+
+
+def test_setup_cell_warns_when_the_installed_rlgates_is_another_version():
+    import rlgates
+
+    url, branch = rn.repository(rn.read_config())
+    older = run_setup_cell(rn.install_cell_source(url, branch, "0.0.1"), hide=())
+    assert older["calls"] == []  # it installs nothing over the reader's rlgates ...
+    assert older["printed"] == [  # ... but says it is not the one the notebook was made with
+        f"warning: rlgates {rlgates.__version__} is installed, this notebook was made with "
+        f"0.0.1: pip install --force-reinstall 'rlgates[widgets] @ git+{url}@{branch}'"]
+    assert rn.load_book(ROOT, ROOT / "_build" / "no-build")[0].version == rlgates.__version__
+
+
+def _kernel_without_rlgates(tmp_path, monkeypatch) -> None:
+    """Kernels started from here on find no rlgates (as on Colab) and reach no repository: git
+    reads a configuration that sends every github.com URL to a folder that does not exist, and
+    pip only resolves (--dry-run), so nothing is installed even if it could be."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-no-rlgates.py").write_text("import sys\nsys.modules['rlgates'] = None\n")
+    gitconfig = tmp_path / "gitconfig"
+    gitconfig.write_text('[url "file:///nonexistent/"]\n\tinsteadOf = https://github.com/\n')
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("PIP_DRY_RUN", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+
+
+def test_setup_cell_stops_run_all_with_one_line_when_the_branch_cannot_be_reached(
+        tmp_path, monkeypatch):
+    """Offline, or before the workflow has published the branch: the set-up cell (its real
+    code, in a real kernel) says what it installs, then fails with one line that gives the local
+    alternative, no traceback; Run All stops there (nbclient, like JupyterLab and Colab, stops at
+    a failing cell), so no later cell fails on the missing rlgates."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    _kernel_without_rlgates(tmp_path, monkeypatch)
+    url, branch = rn.repository(rn.read_config())
+    code = nbformat.v4.new_code_cell
+    nb = chapter([code(rn.install_cell_source(url, branch, "0.2.0")), code("import rlgates"),
+                  code("print('ran')")])
+    client = NotebookClient(nb, timeout=120, kernel_name="python3")
+    with client.setup_kernel():
+        with pytest.raises(CellExecutionError):
+            for i, cell in enumerate(nb.cells):  # Run All
+                client.execute_cell(cell, i)
+        # pip failed on the clone (the branch cannot be reached), and its message is kept
+        probe = code("print('git clone' in pip.stderr, pip.returncode)")
+        nb.cells.append(probe)
+        client.execute_cell(probe, len(nb.cells) - 1)
+        assert probe.outputs[0]["text"] == "True 1\n"
+    setup = nb.cells[0]
+    streams = "".join(o.get("text", "") for o in setup.outputs if o["output_type"] == "stream")
+    assert streams == f"installing rlgates from git+{url}@{branch} (a minute or two)\n"
+    (error,) = [o for o in setup.outputs if o["output_type"] == "error"]
+    assert error["ename"] == "SetupFailed"
+    assert error["traceback"] == [error["evalue"]]  # one line: no traceback, no pip message
+    assert error["evalue"].startswith("rlgates could not be installed")
+    assert error["evalue"].endswith(f"git clone {url} && cd {url.rsplit('/', 1)[-1]} && "
+                                    "python3 tasks.py lab")
+    assert "\n" not in error["evalue"]
+    assert [c.outputs for c in nb.cells[1:3]] == [[], []]  # Run All stopped: no follow-on error
+    assert [c.execution_count for c in nb.cells[1:3]] == [None, None]
 
 
 def test_repository_url_is_set_once():
@@ -453,6 +582,78 @@ def test_nbval_executed_the_chapter_text(built):
         assert [(c.cell_type, c.source, c.metadata) for c in ran.cells] == \
             [(c.cell_type, c.source, c.metadata) for c in text.cells], doc
         assert any(c.get("outputs") for c in ran.cells), doc  # it really ran
+
+
+def test_built_set_up_cells(built):
+    """Every notebook's set-up cell compares with the rlgates it was built with, shows a plain
+    first line when folded, and no notebook says the install fails before publication (R14)."""
+    import rlgates
+
+    for doc, nb in built.items():
+        setup = nb.cells[1].source
+        assert f'BUILT_WITH = "{rlgates.__version__}"' in setup, doc
+        assert setup.startswith("# Set-up for Colab and Binder: "), doc
+        assert "#@" not in setup, doc
+        prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert "until then the install fails" not in prose, doc
+
+
+TRAINERS_DOC = "chapters/14_real_trainers"
+
+
+def test_chapter_14_counts_its_trainer_cells_and_shows_what_they_gave(built, tmp_path,
+                                                                      monkeypatch):
+    """Chapter 14's reader notebook, run as on Binder (no TRL, no verl): the number of cells that
+    print the install line is the number its header states, and under each visible one whose run
+    in the book build gave an output (the output the web page shows), that output is folded,
+    labelled with the trainer versions installed here (R13)."""
+    import importlib.metadata
+
+    from nbclient import NotebookClient
+
+    nb = copy.deepcopy(built[TRAINERS_DOC])
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    absent = ("trl", "verl", "transformers", "datasets", "tokenizers", "accelerate", "peft",
+              "ray", "yaml")  # Binder's environment lacks these (binder/requirements.txt)
+    (startup / "00-no-trainers.py").write_text(
+        f"import sys\nfor name in {absent!r}:\n    sys.modules[name] = None\n")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()
+    code = [c for c in nb.cells if c.cell_type == "code"][1:]  # the set-up cell is not counted
+    guarded = [c for c in code if "This cell needs TRL and verl" in _text(c.outputs)]
+    folded = [c for c in guarded if c.metadata.get("jupyter", {}).get("outputs_hidden")]
+    header = nb.cells[0].source
+    stated = re.search(r"(\d+) of its (\d+) code cells \((\d+) of them folded checks\) need "
+                       r"TRL and verl", header)
+    assert stated, header
+    assert [int(x) for x in stated.groups()] == [len(guarded), len(code), len(folded)]
+    print(f"{len(guarded)} of {len(code)} code cells need the trainers ({len(folded)} folded)")
+    versions = {n: importlib.metadata.version(n) for n in ("trl", "verl")}
+    label = f"with TRL {versions['trl']} and verl {versions['verl']}"
+    assert label in header
+    # the outputs the web page shows: the book's jupyter-cache, which nbval's run primed
+    executed = rn.executed_notebook(BUILD, chapter_sources.read(ROOT / f"{TRAINERS_DOC}.md"))
+    assert executed is not None, "no run of chapter 14 in the book's cache"
+    ran = {c.source: c.outputs for c in executed.cells if c.cell_type == "code"}
+    shown = 0
+    for i, cell in enumerate(nb.cells):
+        if cell not in guarded or cell in folded:
+            continue
+        after = nb.cells[i + 1]
+        body = rn.output_markdown(ran[cell.source])
+        if not body:
+            assert rn.RECORDED_TAG not in after.metadata.get("tags", []), cell.source[:60]
+            continue
+        assert rn.RECORDED_TAG in after.metadata.get("tags", []), cell.source[:60]
+        assert f"Output recorded when the book was built, {label}" in after.source
+        assert "\n".join(rn._trim(body)) in after.source
+        shown += 1
+    assert shown >= 10
+    recorded = [c for c in nb.cells if rn.RECORDED_TAG in c.metadata.get("tags", [])]
+    assert len(recorded) == shown  # and none under a cell that runs here
 
 
 def test_download_button_serves_the_reader_notebook(built):
@@ -628,3 +829,50 @@ def test_run_all_shows_no_answer():
                         if len(line.strip()) > 12 and not line.startswith("<")]
     assert answers  # the solutions do answer (negative control)
     assert [a for a in answers if a in shown] == []
+
+
+# ------------------------------------------------------------------- `python3 tasks.py lab`
+def _tasks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tasks_under_test", ROOT / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    return tasks
+
+
+def _run_lab(tmp_path, monkeypatch, capsys, build: bool):
+    """`tasks.lab()` up to the point where it starts JupyterLab (its exec recorded instead),
+    with everything already installed; `build`: whether the reader notebooks must be built."""
+    tasks = _tasks()
+    tmp_path = tmp_path / ("to-build" if build else "built")
+    reader = tmp_path / "reader"
+    if not build:
+        (reader / "chapters").mkdir(parents=True)
+    started = []
+    monkeypatch.setattr(tasks, "READER", reader)
+    monkeypatch.setattr(tasks, "WORKING_COPY", tmp_path / "notebooks")
+    monkeypatch.setattr(tasks, "setup", lambda: None)
+    monkeypatch.setattr(tasks, "ensure_jupyterlab", lambda: None)
+    monkeypatch.setattr(tasks, "execute_chapters", lambda: tasks.TIMINGS.append(("nbval", 1, 0)))
+    monkeypatch.setattr(tasks, "build_book", lambda: (reader / "chapters").mkdir(parents=True))
+    monkeypatch.setattr(tasks.os, "execv", lambda path, cmd: started.append(cmd))
+    tasks.lab(["--port", "8890"])
+    return started[0], capsys.readouterr().out
+
+
+def test_lab_prints_no_empty_timings_and_asks_no_news_question(tmp_path, monkeypatch, capsys):
+    """`tasks.py lab` with nothing to install or build: no empty "step timings ... wall 0.0 s"
+    table before JupyterLab starts; with a step that ran, its timing (R15). JupyterLab starts with
+    news fetching off, so it asks no "notified about official Jupyter news?" question."""
+    cmd, out = _run_lab(tmp_path, monkeypatch, capsys, build=False)
+    assert "step timings" not in out and "wall" not in out
+    assert "--LabApp.news_url=None" in cmd and "--port" in cmd
+    _, out = _run_lab(tmp_path, monkeypatch, capsys, build=True)
+    assert "step timings" in out and "nbval" in out
+    # the option is JupyterLab's own (a misspelt one is only a warning in its log)
+    labapp = pytest.importorskip("jupyterlab.labapp")
+    app = labapp.LabApp()
+    assert app.news_url is not None
+    app.parse_command_line([a for a in cmd[1:] if a.startswith("--LabApp.")])
+    assert app.news_url is None

@@ -66,6 +66,7 @@ def lab_server(notebooks: list[str], timeout: float = 90, settings_extra: dict |
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={folder}",
            f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.news_url=None",  # as `tasks.py lab`: no question about news
            "--ServerApp.port_retries=0"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -127,11 +128,16 @@ def run_all(page, timeout_ms: int = 180_000) -> float:
 
 
 def errors(page) -> list[str]:
-    """Error outputs (tracebacks) anywhere in the notebook."""
-    return page.eval_on_selector_all(
-        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error'], "
-        ".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']",
-        "els => els.map(e => e.innerText.slice(0, 500))")
+    """The error outputs (what a cell raised) anywhere in the notebook, as the reader sees them
+    (their traceback lines, colour codes taken off). Read from the notebook's model: JupyterLab
+    renders an error as text of type application/vnd.jupyter.stderr, like any stderr stream."""
+    return page.evaluate(
+        """() => window.jupyterapp.shell.currentWidget.content.widgets
+                 .filter(c => c.model.type === 'code')
+                 .flatMap(c => c.model.outputs.toJSON())
+                 .filter(o => o.output_type === 'error')
+                 .map(o => ((o.traceback || []).join('\\n') || `${o.ename}: ${o.evalue}`)
+                             .replace(/\\x1b\\[[0-9;]*m/g, '').slice(0, 500))""")
 
 
 def markdown_text(page) -> str:

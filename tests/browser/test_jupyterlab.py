@@ -100,6 +100,133 @@ def test_chapter_runs_reads_and_redraws_in_jupyterlab(lab, offline):
     # the set-up cell found rlgates and installed nothing; no request left localhost
     setup = page.locator(".jp-CodeCell").first
     assert "pip" not in setup.locator(".jp-OutputArea").inner_text()
+    # folded, it shows its first line: plain words, not Colab's "#@title" (R15)
+    folded_line = setup.locator(".jp-InputPlaceholder .jp-PlaceholderText").inner_text()
+    assert folded_line.startswith("# Set-up for Colab and Binder") and "@" not in folded_line
+    # an opened solution: its code, then "Output:", then its output (R15)
+    solution = page.locator(".jp-MarkdownCell details", has_text="Solution to Exercise 7.2: its")
+    solution.locator("summary").click()
+    parts = solution.evaluate(
+        """d => [...d.children].filter(e => e.tagName !== 'SUMMARY')
+                 .map(e => e.tagName + ':' + e.textContent.trim().slice(0, 20))""")
+    assert [x.split(":")[0] for x in parts] == ["PRE", "P", "PRE"], parts
+    assert parts[1] == "P:Output:", parts
+    solution.scroll_into_view_if_needed()
+    page.screenshot(path=shots / "07_sapo-solution-opened.png")
+    # the next exercise is set apart from the folded solution above it, in the same cell (R15)
+    fold = page.locator(".jp-MarkdownCell details", has_text="Solution to Exercise 7.2").filter(
+        has_not_text="its code").first
+    after = page.locator(".jp-MarkdownCell p", has_text="Exercise 7.3").first
+    fold.scroll_into_view_if_needed()
+    gap = after.bounding_box()["y"] - (fold.bounding_box()["y"] + fold.bounding_box()["height"])
+    page.screenshot(path=shots / "07_sapo-exercise-after-solution.png")
+    print(f"gap between a folded solution and the next exercise: {gap:.0f} px")
+    assert gap >= 12
+    assert ctx.blocked == []
+
+
+def _hide_from_kernels(tmp_path, monkeypatch, modules) -> None:
+    """Kernels started from here on cannot import `modules` (as on Colab or Binder)."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-missing.py").write_text(
+        f"import sys\nfor name in {tuple(modules)!r}:\n    sys.modules[name] = None\n")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+
+
+def _kernel_idle(page, timeout_ms: int = 120_000) -> None:
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp.shell.currentWidget;
+                   return w.sessionContext.session.kernel.status === 'idle'; }""",
+        timeout=timeout_ms, polling=250)
+
+
+def test_run_all_stops_at_the_set_up_cell_when_rlgates_cannot_be_installed(
+        offline, tmp_path, monkeypatch):
+    """Chapter 7 on Colab or Binder before the notebooks branch is published (or offline): the
+    set-up cell finds no rlgates and cannot install it (git reaches no repository here). Run All
+    shows what it tried, then one line, the local alternative, and stops: no traceback, and no
+    later cell runs to fail on the missing library (R14)."""
+    _need(None if (READER / CHAPTER).is_file() else
+          f"no reader notebook {READER / CHAPTER}: build the book (python3 tasks.py book)")
+    _need(jupyterlab_missing())
+    _hide_from_kernels(tmp_path, monkeypatch, ["rlgates"])
+    gitconfig = tmp_path / "gitconfig"  # every github.com URL: a folder that does not exist
+    gitconfig.write_text('[url "file:///nonexistent/"]\n\tinsteadOf = https://github.com/\n')
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("PIP_DRY_RUN", "1")  # and pip would install nothing anyway
+    with lab_server([CHAPTER]) as (base, token, _):
+        ctx = offline(viewport={"width": 1280, "height": 900})
+        page = ctx.context.new_page()
+        open_notebook(page, base, token, CHAPTER)
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.wait_for_function(
+            """() => window.jupyterapp.shell.currentWidget.content.widgets
+                     .find(c => c.model.type === 'code').model.executionCount !== null""",
+            timeout=120_000, polling=250)
+        _kernel_idle(page)
+        page.wait_for_timeout(1000)  # the aborted cells' replies
+        counts = page.evaluate(
+            """() => window.jupyterapp.shell.currentWidget.content.widgets
+                     .filter(c => c.model.type === 'code').map(c => c.model.executionCount)""")
+        shots = SCREENSHOTS / "jupyterlab"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.locator(".jp-MarkdownCell").first.scroll_into_view_if_needed()
+        page.screenshot(path=shots / "07_sapo-set-up-failed.png")
+        found = errors(page)
+        setup = page.locator(".jp-CodeCell").first.locator(".jp-OutputArea").inner_text()
+    print(setup)
+    assert counts[0] is not None and counts[1:] == [None] * (len(counts) - 1), counts
+    assert len(found) == 1, found
+    assert found[0].strip().count("\n") == 0 and found[0].startswith(
+        "rlgates could not be installed"), found
+    assert "python3 tasks.py lab" in found[0] and "Traceback" not in setup
+    assert setup.startswith("installing rlgates from git+")
+    assert ctx.blocked == []
+
+
+TRAINERS = "14_real_trainers.ipynb"
+
+
+def test_chapter_14_on_binder_shows_the_trainer_cells_recorded_outputs(
+        offline, tmp_path, monkeypatch):
+    """Chapter 14 where TRL and verl are missing (Binder): Run All goes through; the cells that
+    need the trainers print the install line, as many as the header says; under them, folded,
+    the outputs the book's build recorded with the trainers (R13)."""
+    _need(None if (READER / TRAINERS).is_file() else
+          f"no reader notebook {READER / TRAINERS}: build the book (python3 tasks.py book)")
+    _need(jupyterlab_missing())
+    _hide_from_kernels(tmp_path, monkeypatch, ["trl", "verl", "transformers", "datasets",
+                                               "tokenizers", "accelerate", "peft", "ray",
+                                               "yaml"])
+    with lab_server([TRAINERS]) as (base, token, _):
+        ctx = offline(viewport={"width": 1280, "height": 900})
+        page = ctx.context.new_page()
+        open_notebook(page, base, token, TRAINERS)
+        shots = SCREENSHOTS / "jupyterlab"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=shots / "14_real_trainers-opened.png")
+        run_all(page)
+        assert errors(page) == []
+        printing = page.evaluate(
+            """() => window.jupyterapp.shell.currentWidget.content.widgets
+                     .filter(c => c.model.type === 'code')
+                     .filter(c => { const o = c.model.outputs.toJSON();
+                                    return o.some(x => String(x.text || '')
+                                        .includes('This cell needs TRL and verl')); })
+                     .length""")
+        header = page.locator(".jp-MarkdownCell").first.inner_text()
+        stated = int(re.search(r"(\d+) of its \d+ code cells", header).group(1))
+        recorded = page.locator(".jp-MarkdownCell details", has_text="Output recorded when")
+        count = recorded.count()
+        first = recorded.nth(1)
+        first.locator("summary").click()
+        first.scroll_into_view_if_needed()
+        page.screenshot(path=shots / "14_real_trainers-recorded-output.png")
+    print(f"{printing} cells print the install line; the header says {stated}; "
+          f"{count} recorded outputs")
+    assert printing == stated and count >= 10
     assert ctx.blocked == []
 
 
