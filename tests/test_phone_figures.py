@@ -84,7 +84,11 @@ def test_a_two_panel_figure_gets_a_one_column_phone_copy():
     panels = [ax for ax in copy.axes if not hasattr(ax, "_colorbar")]
     top, bottom = (ax.get_position() for ax in panels)
     assert top.y0 > bottom.y1 and top.x0 == pytest.approx(bottom.x0, abs=0.02)
-    assert [ax.get_title() for ax in panels] == ["gate", "signal"]
+    # each says where it was, as the captions ("Left:", "Right:") say it; the reader's figure
+    # keeps its titles
+    assert [ax.get_title() for ax in panels] == ["(left) gate", "(right) signal"]
+    assert [ax.get_title() for ax in fig.axes if not hasattr(ax, "_colorbar")] == \
+        ["gate", "signal"]
     assert panels[1].yaxis.get_tick_params()["labelleft"]  # its y ticks, hidden beside, shown
     for cbar, ax in zip((a for a in copy.axes if hasattr(a, "_colorbar")), panels, strict=True):
         assert cbar.get_position().x0 > ax.get_position().x1  # beside its own panel
@@ -151,3 +155,19 @@ def test_the_page_serves_the_phone_png_in_a_picture(tmp_path):
     once = page.read_text()
     phone_figures.add_phone_figures(html, [tmp_path / "executed"])
     assert page.read_text() == once
+
+
+def test_a_stacked_panel_says_where_it_was():
+    """A 2 x 2 grid names row and column; a panel across every column and a one-column figure
+    (stacked already: its caption's "top" stays true) get no tag (negative controls)."""
+    import matplotlib.pyplot as plt
+
+    from rlgates._book.png import _place
+
+    fig = plt.figure()
+    grid = fig.add_gridspec(2, 2)
+    assert _place(grid[0, 1]) == "top right" and _place(grid[1, 0]) == "bottom left"
+    assert _place(grid[0, :]) == "" and _place(grid[:, 0]) == "left"
+    assert _place(fig.add_gridspec(2, 1)[1, 0]) == ""
+    assert _place(fig.add_gridspec(1, 3)[0, 1]) == "middle"
+    plt.close(fig)

@@ -121,6 +121,7 @@ def phone_figure(fig, text_pt: float):
         rows = sorted(panels.index(ax) for ax in parents)
         if rows != list(range(rows[0], rows[-1] + 1)):
             raise ValueError("a colour bar shared by panels that a column would separate")
+    places = {ax: _place(ax.get_subplotspec()) for ax in panels}  # before they move
     heights = []
     for ax in panels:
         ss = ax.get_subplotspec()
@@ -133,6 +134,12 @@ def phone_figure(fig, text_pt: float):
     for k, ax in enumerate(panels):
         for a in [ax, *followers.get(ax, [])]:
             a.set_subplotspec(grid[k, 0])
+        # the captions say "Left:", "Right:": each stacked panel says where it was
+        if places[ax]:
+            title = next((t for t in (ax.title, ax._left_title, ax._right_title)
+                          if t.get_text()), ax.title)
+            tag = f"({places[ax]})"
+            title.set_text(f"{tag} {title.get_text()}" if title.get_text() else tag)
         # a panel that shared its y axis with the one on its left showed no y ticks; alone on
         # its row now, it shows them
         if len(ax.get_shared_y_axes().get_siblings(ax)) > 1 and \
@@ -153,6 +160,23 @@ def phone_figure(fig, text_pt: float):
     if copy.get_layout_engine() is None:
         copy.tight_layout()
     return copy
+
+
+def _place(ss) -> str:
+    """Where a panel sits in its grid, as a caption says it ("left", "top right"); "" when it
+    spans every column (stacked, it keeps its place)."""
+    grid = ss.get_gridspec()
+    if len(ss.colspan) == grid.ncols:
+        return ""
+    words = {2: ["left", "right"], 3: ["left", "middle", "right"]}
+    column = (words[grid.ncols][ss.colspan.start] if grid.ncols in words and len(ss.colspan) == 1
+              else f"column {ss.colspan.start + 1}")
+    if grid.nrows == 1 or len(ss.rowspan) == grid.nrows:
+        return column
+    rows = {2: ["top", "bottom"], 3: ["top", "middle", "bottom"]}
+    row = (rows[grid.nrows][ss.rowspan.start] if grid.nrows in rows and len(ss.rowspan) == 1
+           else f"row {ss.rowspan.start + 1}")
+    return f"{row} {column}"
 
 
 def phone_png(fig, scale: float, text_pt: float) -> bytes:
