@@ -285,3 +285,41 @@ def test_explorer_names_the_methods_it_leaves_out(book_dir):
     assert f"offers {len(offered)} of the {len(names())} methods" in note, note
     missing = [REGISTRY[n].title for n in left if unescape(REGISTRY[n].title) not in unescape(note)]
     assert not missing, f"not named: {missing}\n{note}"
+
+
+# ---- R18 and R19: print, and a reader's own install -----------------------------------------
+#: the interactive leftovers a printout should not show: the solutions' "Click to show/hide"
+#: buttons (sphinx-togglebutton adds them when the page loads) and "Show code cell source" rows
+LEFTOVERS = """() => [...document.querySelectorAll(
+    '.bd-article .toggle-button, .bd-article details.hide > summary')]
+  .filter(e => e.getClientRects().length > 0).length"""
+
+
+def test_print_hides_the_interactive_leftovers(base_url, offline):
+    """Printed (print media), chapter 7 shows no toggle buttons and no "Show code cell source"
+    rows, and a code block is kept on one page; on screen (the control) both show."""
+    ctx = offline(viewport=DESKTOP)
+    problems: list[str] = []
+    page = Tab(ctx, problems).open(base_url + CHAPTER, "ch07 print")
+    page.wait_for_selector(".bd-article .toggle-button")
+    on_screen = page.evaluate(LEFTOVERS)
+    page.emulate_media(media="print")
+    printed = page.evaluate(LEFTOVERS)
+    breaks = page.evaluate("() => getComputedStyle(document.querySelector("
+                           "'.bd-article div.highlight')).breakInside")
+    assert on_screen > 0, "no toggles on screen: the control sees nothing to hide"
+    assert printed == 0, f"{printed} interactive leftovers print"
+    assert breaks == "avoid", breaks
+    assert not problems, problems
+
+
+def test_a_readers_pip_install_leaves_git_status_clean():
+    """`pip install .` from a clone builds in place: build/ and *.egg-info/ are ignored."""
+    import subprocess
+
+    for path in ("build/lib/rlgates/__init__.py", "rlgates.egg-info/PKG-INFO"):
+        rc = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode
+        assert rc == 0, f"{path} is not ignored: git status would show it"
+    # the control: a source file is not ignored
+    assert subprocess.run(["git", "check-ignore", "-q", "rlgates/__init__.py"],
+                          cwd=ROOT).returncode == 1
