@@ -195,3 +195,18 @@ def test_a_record_from_before_cell_digests_still_counts(tmp_path):
     assert heading(mine / "07_sapo.ipynb") == "# 07_sapo, build 1"
     assert notes == ["07_sapo.ipynb: kept your version; the new build's is "
                      "07_sapo.new-build.ipynb"]
+
+
+def test_a_step_beside_others_reports_its_own_time(tmp_path, monkeypatch):
+    """The timings table gives a background step (the engine tests) the time it ran, not the
+    time until the check waited for it (it showed 252 s for a 90 s run)."""
+    import sys
+    import time
+
+    monkeypatch.setattr(tasks, "LOGS", tmp_path)
+    monkeypatch.setattr(tasks, "TIMINGS", [])
+    job = tasks.Background("short ‖", sys.executable, "-c", "pass")
+    time.sleep(2.0)  # the steps in front of it
+    assert job.finish() == 0
+    (step, seconds, rc), = tasks.TIMINGS
+    assert step == "short ‖" and rc == 0 and seconds < 1.5
