@@ -46,28 +46,38 @@ def _chapters(measured, label):
     return {rel: m for (lab, rel), m in measured.items() if lab == label}
 
 
-def test_figures_legible_on_desktop(book_dir, measured):
-    """At 1280 px every figure keeps its aspect ratio, and all its text, at the book's default
-    size (rlgates.setup: FONT_SIZE pt) or an explicit fontsize=..., is at least 9 px as
-    displayed."""
-    bad, small, n = [], [], 0
-    for rel, m in _chapters(measured, "desktop").items():
+def _figure_text(book_dir, measured, label):
+    """(page, index, figure, shown text px at FONT_SIZE, smallest shown text px, its pt) for
+    each figure at `label`'s width that carries rlgates' PNG metadata (the aspect ratio of every
+    figure checked on the way)."""
+    out = []
+    for rel, m in _chapters(measured, label).items():
         for k, f in enumerate(m["figures"]):
             assert abs(f["ratio"] - 1) < 0.02, (rel, k, f)  # no squashed figure
             meta = png_text(book_dir, f["src"])
             if "rlgates:px-per-inch" not in meta:
                 continue
-            n += 1
             shown_ppi = f["shown"] * float(meta["rlgates:px-per-inch"]) / f["natural"]
-            default_px = FONT_SIZE / 72 * shown_ppi
-            if default_px < MIN_TEXT_PX:
-                bad.append(f"{rel} figure {k} ({f['caption']}): {FONT_SIZE} pt text shows at "
-                           f"{default_px:.1f} px (scale {f['shown'] / f['natural']:.2f})")
-            smallest = float(meta.get("rlgates:min-font-pt", FONT_SIZE)) / 72 * shown_ppi
-            if smallest < MIN_TEXT_PX:
-                small.append(f"{rel} figure {k}: smallest text {meta['rlgates:min-font-pt']} pt "
-                             f"shows at {smallest:.1f} px at 1280 px")
-    assert n >= 10, f"only {n} figures carry rlgates' PNG metadata: is rlgates.setup in use?"
+            smallest_pt = float(meta.get("rlgates:min-font-pt", FONT_SIZE))
+            out.append((rel, k, f, FONT_SIZE / 72 * shown_ppi, smallest_pt / 72 * shown_ppi,
+                        smallest_pt))
+    assert len(out) >= 10, f"only {len(out)} figures carry rlgates' PNG metadata: is " \
+        "rlgates.setup in use?"
+    return out
+
+
+def test_figures_legible_on_desktop(book_dir, measured):
+    """At 1280 px every figure keeps its aspect ratio, and all its text, at the book's default
+    size (rlgates.setup: FONT_SIZE pt) or an explicit fontsize=..., is at least 9 px as
+    displayed."""
+    bad, small = [], []
+    for rel, k, f, default_px, smallest, pt in _figure_text(book_dir, measured, "desktop"):
+        if default_px < MIN_TEXT_PX:
+            bad.append(f"{rel} figure {k} ({f['caption']}): {FONT_SIZE} pt text shows at "
+                       f"{default_px:.1f} px (scale {f['shown'] / f['natural']:.2f})")
+        if smallest < MIN_TEXT_PX:
+            small.append(f"{rel} figure {k}: smallest text {pt} pt shows at {smallest:.1f} px "
+                         "at 1280 px")
     assert not bad, "\n".join(bad)
     assert not small, "\n".join(small)
 
@@ -96,24 +106,12 @@ def test_figures_legible_on_a_phone(book_dir, measured):
     column, is at least 8 px: read from the PNG actually shown (img.currentSrc), which for a
     figure too wide for the column is its phone version, panels stacked
     (scripts/phone_figures.py)."""
-    sizes, small, n = [], [], 0
-    for rel, m in _chapters(measured, "phone").items():
-        for k, f in enumerate(m["figures"]):
-            assert abs(f["ratio"] - 1) < 0.02, (rel, k, f)  # no squashed figure
-            meta = png_text(book_dir, f["src"])
-            if "rlgates:px-per-inch" not in meta:
-                continue
-            n += 1
-            shown_ppi = f["shown"] * float(meta["rlgates:px-per-inch"]) / f["natural"]
-            px = float(meta.get("rlgates:min-font-pt", FONT_SIZE)) / 72 * shown_ppi
-            sizes.append(px)
-            if px < PHONE_MIN_TEXT_PX:
-                small.append(f"{rel} figure {k} ({f['caption']}): smallest text "
-                             f"{meta.get('rlgates:min-font-pt', FONT_SIZE)} pt shows at "
-                             f"{px:.1f} px ({Path(urlsplit(f['src']).path).name})")
-    assert n >= 10, f"only {n} figures carry rlgates' PNG metadata: is rlgates.setup in use?"
-    sizes.sort()
-    assert not small, (f"{len(small)} of {n} figures (smallest text at 390 px: min "
+    figures = _figure_text(book_dir, measured, "phone")
+    sizes = sorted(px for *_, px, _ in figures)
+    small = [f"{rel} figure {k} ({f['caption']}): smallest text {pt} pt shows at {px:.1f} px "
+             f"({Path(urlsplit(f['src']).path).name})"
+             for rel, k, f, _, px, pt in figures if px < PHONE_MIN_TEXT_PX]
+    assert not small, (f"{len(small)} of {len(figures)} figures (smallest text at 390 px: min "
                        f"{sizes[0]:.1f}, median {sizes[len(sizes) // 2]:.1f} px)\n"
                        + "\n".join(small))
 
