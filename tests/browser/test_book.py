@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import torch
-from bookserver import LOCAL_HOSTS, Offline
+from bookserver import LOCAL_HOSTS, SCREENSHOTS, Offline
 from crawl import DESKTOP, WIDTHS, open_page
 
 import rlgates
@@ -536,6 +536,8 @@ def test_explorer_dro_reads_rlgates_where_tapped(explorer_at):
     assert page.evaluate("() => window.RLGatesExplorer.explorer.values.beta") == pytest.approx(1.5)
     _readout_matches_rlgates(page)
     assert 'rlgates.get("dro", beta=1.5)' in page.text_content(".gx-code")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)  # for a person to look at
+    page.locator("#rlgates-explorer").screenshot(path=str(SCREENSHOTS / f"explorer-dro-{label}.png"))
     assert not problems and not blocked, problems + blocked
 
 

@@ -21,7 +21,7 @@ from html import unescape
 
 import pytest
 import yaml
-from bookserver import ROOT, Offline
+from bookserver import ROOT, SCREENSHOTS, Offline
 from crawl import DESKTOP, PHONE, pages
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -128,6 +128,10 @@ def test_api_docstrings_wrap_on_a_phone(book_dir, base_url, browser):
             for rel in rels:
                 page.goto(base_url + rel, wait_until="load")
                 counts[label, rel] = page.evaluate(WIDE_DOCSTRINGS)
+                if rel in ("api.html", "api/methods.html"):  # for a person to look at
+                    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                    name = rel.replace("/", "-").removesuffix(".html")
+                    page.screenshot(path=str(SCREENSHOTS / f"{name}-{label}.png"))
         finally:
             ctx.close()
     wide = {rel: n for (label, rel), n in counts.items() if label == "phone" and n}
