@@ -72,7 +72,6 @@ EXERCISE_DIRECTIVES = {"exercise", "exercise-start", "exercise-end", "solution",
                        "solution-start", "solution-end"}
 
 INSTALL_TAG = "rlgates-reader-setup"
-TRAINERS = ("trl", "verl")  # chapter 14's trainers, which Colab and Binder do not install
 SOURCE_BRANCH = "main"  # the branch that holds the sources: {repo} links point there
 REPLACED_GLUE = "application/papermill.record/"
 
@@ -201,7 +200,7 @@ class Book:
     titles: dict[str, str] = field(default_factory=dict)  # docname -> first heading
     problems: list[str] = field(default_factory=list)
     terms: set[str] = field(default_factory=set)  # glossary terms, lower-cased; empty: unchecked
-    version: str = ""  # rlgates's version (pyproject.toml): the set-up cell compares with it
+    version: str = ""  # rlgates's __version__: the set-up cell compares with it
     #: the trainers installed when the book was built ({"trl": ..., "verl": ...}, read from
     #: their distributions), which ran the chapters: empty when either was missing
     trainers: dict[str, str] = field(default_factory=dict)
@@ -863,8 +862,10 @@ def installed_trainers() -> dict[str, str]:
     with them), or {} when either is missing."""
     import importlib.metadata
 
+    from rlgates.trainers import _guard
+
     try:
-        return {name: importlib.metadata.version(name) for name in TRAINERS}
+        return {name: importlib.metadata.version(name) for name in _guard.TRAINER_PACKAGES}
     except importlib.metadata.PackageNotFoundError:
         return {}
 
@@ -896,12 +897,11 @@ def needs_trainers(reader, folder: Path) -> set[str]:
 
 
 def load_book(root: Path, executed: Path) -> tuple[Book, dict[str, object]]:
-    import tomllib
+    from book_web import book_version  # scripts/, beside this file: the footer's version
 
     config = read_config(root)
     url, branch = repository(config)
-    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-    book = Book(url, branch, terms=glossary_terms(root), version=version,
+    book = Book(url, branch, terms=glossary_terms(root), version=book_version(root),
                 trainers=installed_trainers())
     notebooks = {}
     for doc in chapters(root):

@@ -19,6 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from tests.kernels import TRAINER_MODULES, hide_from_kernels, unreachable_repository
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import chapter_sources  # noqa: E402
@@ -437,18 +439,9 @@ def test_setup_cell_warns_when_the_installed_rlgates_is_another_version():
 
 
 def _kernel_without_rlgates(tmp_path, monkeypatch) -> None:
-    """Kernels started from here on find no rlgates (as on Colab) and reach no repository: git
-    reads a configuration that sends every github.com URL to a folder that does not exist, and
-    pip only resolves (--dry-run), so nothing is installed even if it could be."""
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    (startup / "00-no-rlgates.py").write_text("import sys\nsys.modules['rlgates'] = None\n")
-    gitconfig = tmp_path / "gitconfig"
-    gitconfig.write_text('[url "file:///nonexistent/"]\n\tinsteadOf = https://github.com/\n')
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("PIP_DRY_RUN", "1")
+    """Kernels started from here on find no rlgates (as on Colab) and reach no repository."""
+    hide_from_kernels(tmp_path, monkeypatch, ["rlgates"])
+    unreachable_repository(tmp_path, monkeypatch)
     monkeypatch.setenv("MPLBACKEND", "Agg")
 
 
@@ -612,13 +605,7 @@ def test_chapter_14_counts_its_trainer_cells_and_shows_what_they_gave(built, tmp
     from nbclient import NotebookClient
 
     nb = copy.deepcopy(built[TRAINERS_DOC])
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    absent = ("trl", "verl", "transformers", "datasets", "tokenizers", "accelerate", "peft",
-              "ray", "yaml")  # Binder's environment lacks these (binder/requirements.txt)
-    (startup / "00-no-trainers.py").write_text(
-        f"import sys\nfor name in {absent!r}:\n    sys.modules[name] = None\n")
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    hide_from_kernels(tmp_path, monkeypatch, TRAINER_MODULES)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "chapters")}}).execute()

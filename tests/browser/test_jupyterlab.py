@@ -32,6 +32,8 @@ from labdriver import (
     slider_widget,
 )
 
+from tests.kernels import TRAINER_MODULES, hide_from_kernels, unreachable_repository
+
 pytestmark = pytest.mark.browser
 CHAPTER = "07_sapo.ipynb"
 
@@ -125,15 +127,6 @@ def test_chapter_runs_reads_and_redraws_in_jupyterlab(lab, offline):
     assert ctx.blocked == []
 
 
-def _hide_from_kernels(tmp_path, monkeypatch, modules) -> None:
-    """Kernels started from here on cannot import `modules` (as on Colab or Binder)."""
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
-    startup.mkdir(parents=True)
-    (startup / "00-missing.py").write_text(
-        f"import sys\nfor name in {tuple(modules)!r}:\n    sys.modules[name] = None\n")
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-
-
 def _kernel_idle(page, timeout_ms: int = 120_000) -> None:
     page.wait_for_function(
         """() => { const w = window.jupyterapp.shell.currentWidget;
@@ -150,12 +143,8 @@ def test_run_all_stops_at_the_set_up_cell_when_rlgates_cannot_be_installed(
     _need(None if (READER / CHAPTER).is_file() else
           f"no reader notebook {READER / CHAPTER}: build the book (python3 tasks.py book)")
     _need(jupyterlab_missing())
-    _hide_from_kernels(tmp_path, monkeypatch, ["rlgates"])
-    gitconfig = tmp_path / "gitconfig"  # every github.com URL: a folder that does not exist
-    gitconfig.write_text('[url "file:///nonexistent/"]\n\tinsteadOf = https://github.com/\n')
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("PIP_DRY_RUN", "1")  # and pip would install nothing anyway
+    hide_from_kernels(tmp_path, monkeypatch, ["rlgates"])
+    unreachable_repository(tmp_path, monkeypatch)
     with lab_server([CHAPTER]) as (base, token, _):
         ctx = offline(viewport={"width": 1280, "height": 900})
         page = ctx.context.new_page()
@@ -197,9 +186,7 @@ def test_chapter_14_on_binder_shows_the_trainer_cells_recorded_outputs(
     _need(None if (READER / TRAINERS).is_file() else
           f"no reader notebook {READER / TRAINERS}: build the book (python3 tasks.py book)")
     _need(jupyterlab_missing())
-    _hide_from_kernels(tmp_path, monkeypatch, ["trl", "verl", "transformers", "datasets",
-                                               "tokenizers", "accelerate", "peft", "ray",
-                                               "yaml"])
+    hide_from_kernels(tmp_path, monkeypatch, TRAINER_MODULES)
     with lab_server([TRAINERS]) as (base, token, _):
         ctx = offline(viewport={"width": 1280, "height": 900})
         page = ctx.context.new_page()
