@@ -41,9 +41,8 @@ def test_dro_javascript_is_rlgates_dro():
     rng = random.Random(0)
     cases = []
     for beta in [1.0, lo, hi, *(rng.uniform(lo, hi) for _ in range(5))]:
-        ratios = [math.exp(rng.uniform(-4, 4)) for _ in range(60)] + [1.0] * 6
+        ratios = [math.exp(rng.uniform(-4, 4)) for _ in range(60)] + [2.0, 0.5, 2.0, 0.5, 2.0, 1.0]
         advs = [rng.uniform(-1, 1) for _ in range(60)] + [0.0, -0.0, 1e-300, -1e-300, 5e-324, -0.5]
-        ratios[60:] = [2.0, 0.5, 2.0, 0.5, 2.0, 1.0]
         m = rlgates.get("dro", beta=beta)
         r, a = torch.tensor(ratios, dtype=torch.float64), torch.tensor(advs, dtype=torch.float64)
         cases.append({"p": {"beta": beta}, "r": ratios, "a": advs,

@@ -22,6 +22,7 @@ from rlgates._book.png import (  # noqa: E402
     PHONE_ERROR_KEY,
     PHONE_KEY,
     PHONE_MIN_TEXT_PX,
+    _place,
     figure_png,
     phone_figure,
 )
@@ -160,10 +161,6 @@ def test_the_page_serves_the_phone_png_in_a_picture(tmp_path):
 def test_a_stacked_panel_says_where_it_was():
     """A 2 x 2 grid names row and column; a panel across every column and a one-column figure
     (stacked already: its caption's "top" stays true) get no tag (negative controls)."""
-    import matplotlib.pyplot as plt
-
-    from rlgates._book.png import _place
-
     fig = plt.figure()
     grid = fig.add_gridspec(2, 2)
     assert _place(grid[0, 1]) == "top right" and _place(grid[1, 0]) == "bottom left"

@@ -3,9 +3,8 @@
  *
  * Everything comes from rlgates at build time (rlgates/_book/explorer_data.py -> window.RLGATES_EXPLORER):
  * methods, defaults, slider ranges, axis limits, colour map, and each method's gate as JavaScript
- * (`Method.explorer`, or explorer_data.BOOK_JS for DRO: {"gate": expression in r = ρ, a = A and
- * p = hyperparameters, "bounds": expression giving [[ratio, side], ...], side +1 for A > 0, -1
- * for A < 0, 0 for both}).
+ * (`Method.explorer`: {"gate": expression in r = ρ, a = A and p = hyperparameters, "bounds":
+ * expression giving [[ratio, side], ...], side +1 for A > 0, -1 for A < 0, 0 for both}).
  * tests/browser checks the compiled gates against rlgates at sampled points.
  */
 (function () {
